@@ -22,6 +22,6 @@ compile() {  # compile OUTPUT EXTRA...
 overrides=(--override requirements/overrides.txt --override requirements/overrides-cpu.txt)
 compile images/cpu/requirements.lock cpu
 compile requirements/dev.lock cpu test submit
-# GPU image: the full `tensorflow` wheel (CUDA kernels; CUDA and cuDNN come from the nvidia/cuda base).
+# GPU image: the full `tensorflow` wheel and the pinned NVIDIA CUDA wheels it loads (pyproject.toml).
 overrides=(--override requirements/overrides.txt)
 compile images/gpu/requirements.lock gpu

@@ -45,3 +45,28 @@ def launch_until(args, pattern: str, action) -> tuple[int, str]:
     finally:
         launcher.kill()
     return launcher.returncode, "".join(seen) + rest
+
+
+_OP_DTYPES_SCRIPT = """
+import json, sys
+import trainer, tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+graph = loaded.signatures["serving_default"].graph.as_graph_def()
+nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+dtypes = {}
+for node in nodes:
+    if node.op in ("Conv2D", "MatMul", "Softmax", "FusedBatchNormV3") and "T" in node.attr:
+        dtypes.setdefault(node.op, set()).add(tf.dtypes.as_dtype(node.attr["T"].type).name)
+print(json.dumps({op: sorted(types) for op, types in dtypes.items()}))
+"""
+
+
+def saved_model_op_dtypes(model_dir) -> dict[str, list[str]]:
+    """The dtypes the exported model's serving graph computes Conv2D, MatMul and Softmax in,
+    read from the SavedModel's own graph (what serving will run), in a fresh process."""
+    import json
+
+    result = subprocess.run([sys.executable, "-c", _OP_DTYPES_SCRIPT, str(model_dir)], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

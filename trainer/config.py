@@ -12,7 +12,7 @@ import os
 import dataclasses
 from typing import Mapping, Sequence
 
-from trainer import outputs
+from trainer import outputs, precision
 from trainer.cluster import Cluster
 
 STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "one_device", "parameter_server")
@@ -66,7 +66,7 @@ class TrainConfig:
     checkpoint_dir: str
     tensorboard_dir: str
     # Speed.
-    mixed_precision: bool
+    mixed_precision: str  # as asked for; trainer.precision decides on each machine
     jit_compile: bool
     steps_per_execution: int
     # Tuning.
@@ -194,8 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     speed = parser.add_argument_group("speed")
     speed.add_argument(
-        "--mixed-precision", action="store_true",
-        help="mixed_float16 compute (GPUs with tensor cores); the softmax stays float32",
+        "--mixed-precision", choices=precision.CHOICES, default="auto",
+        help="compute dtype; variables and the softmax stay float32. auto: float16 when every "
+        "local GPU has compute capability 7.0+, bfloat16 on a CPU with AMX or AVX512-BF16, "
+        "else float32; off: float32",
     )
     speed.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
     speed.add_argument(

@@ -16,7 +16,7 @@ import time
 
 import tensorflow as tf
 
-from trainer import data, export, outputs, sources, train
+from trainer import data, export, outputs, precision, sources, train
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
@@ -53,6 +53,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     eval_spec = config.eval_dataset or sources.default_validation(config.dataset)
     if eval_spec is None:
         raise sources.DataError(f"the evaluator needs validation data: --dataset {config.dataset} has none, pass --eval-dataset")
+    # Variables are float32 under every policy, so any training policy's checkpoints load here.
+    precision.apply(config.mixed_precision)
     split = sources.load(eval_spec, config.data_dir, "validation")
     options = train.pipeline_options(config, split, training=False, num_pipelines=1)
     dataset = data.make_dataset(split, options)

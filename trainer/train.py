@@ -8,7 +8,7 @@ import os
 
 import tensorflow as tf
 
-from trainer import callbacks, data, model as model_lib, outputs, saving, sources, strategy as strategy_lib
+from trainer import callbacks, data, model as model_lib, outputs, precision, saving, sources, strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
@@ -54,6 +54,7 @@ def load_splits(config: TrainConfig) -> tuple[data.Split, data.Split | None]:
 
 def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> None:
     strategy = strategy_lib.create(strategy_name, cluster)  # before any other TensorFlow op
+    precision.apply(config.mixed_precision)  # before any model is built
     replicas = strategy.num_replicas_in_sync
     global_batch = config.per_replica_batch_size * replicas
     tf.keras.utils.set_random_seed(config.seed)

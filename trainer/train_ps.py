@@ -22,7 +22,7 @@ import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, export, model as model_lib, strategy as strategy_lib, train
+from trainer import callbacks, data, export, model as model_lib, precision, strategy as strategy_lib, train
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
@@ -49,6 +49,10 @@ def serve(cluster: Cluster) -> int:
 
 def run(config: TrainConfig, cluster: Cluster) -> int:
     strategy = strategy_lib.create("parameter_server", cluster)  # before any other TensorFlow op
+    # The coordinator traces the train step that every worker runs, so its policy is the job's;
+    # it decides from its own devices (Vertex gives the chief the workers' machine type). The
+    # export below builds its model under the same policy.
+    precision.apply(config.mixed_precision)
     tf.keras.utils.set_random_seed(config.seed)
     global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync
     # Validation belongs to the side-car evaluator in this mode.

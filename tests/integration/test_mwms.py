@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module
+from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
 
@@ -35,7 +35,7 @@ def two_worker_run(tmp_path_factory, data_root):
     out = tmp_path / "out"
     result, work = launch(
         tmp_path, data_root, "--dataset", "synthetic:64", "--epochs", "2", *SMALL_RUN,
-        "--model-dir", str(out / "model"), "--trace-input-dir", str(tmp_path / "trace"),
+        "--model-dir", str(out / "model"), "--trace-input-dir", str(tmp_path / "trace"), "--mixed-precision", "bfloat16",
     )
     return result, work, out, tmp_path / "trace"
 
@@ -69,6 +69,14 @@ print("shape", predictions.shape, "sums", np.round(predictions.sum(axis=1), 3).t
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "shape (3, 5) sums [1.0, 1.0, 1.0]" in result.stdout
+
+
+def test_every_worker_trains_in_the_policy_asked_for_and_the_export_keeps_it(two_worker_run):
+    result, _, out, _ = two_worker_run
+    for task in ("chief-0", "worker-0"):
+        assert re.search(rf"^\[{task}\] .*trainer: precision: mixed_bfloat16 ", result.stdout, re.M), task
+    dtypes = saved_model_op_dtypes(out / "model")
+    assert dtypes["Conv2D"] == ["bfloat16"] and dtypes["Softmax"] == ["float32"]
 
 
 def test_no_worker_temp_dir_is_left(two_worker_run):

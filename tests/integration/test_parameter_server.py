@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module
+from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
 
@@ -48,7 +48,8 @@ def alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def ps_job(tmp_path_factory, data_root):
     tmp_path = tmp_path_factory.mktemp("ps")
-    result = run_module("trainer.launch", *launcher_args(tmp_path, data_root, "--epochs", "2", evaluator=True), timeout=600)
+    result = run_module("trainer.launch", *launcher_args(tmp_path, data_root, "--epochs", "2", "--mixed-precision", "bfloat16",
+                                                         evaluator=True), timeout=600)
     return result, tmp_path
 
 
@@ -68,6 +69,16 @@ print("shape", model.predict(np.zeros((2, 32, 32, 3), np.uint8), verbose=0).shap
 """
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300)
     assert "shape (2, 5)" in loaded.stdout, loaded.stderr[-2000:]
+
+
+def test_coordinator_evaluator_and_export_use_the_policy_asked_for(ps_job):
+    """The coordinator traces the step every worker runs; the export rebuilds the model from a
+    checkpoint under the same policy, and the evaluator loads those checkpoints under its own."""
+    result, tmp_path = ps_job
+    for task in ("chief-0", "evaluator-0"):
+        assert re.search(rf"^\[{task}\] .*trainer: precision: mixed_bfloat16 ", result.stdout, re.M), task
+    dtypes = saved_model_op_dtypes(tmp_path / "out" / "model")
+    assert dtypes["Conv2D"] == ["bfloat16"] and dtypes["Softmax"] == ["float32"]
 
 
 def test_checkpoints_exist_for_every_epoch(ps_job):

@@ -1,0 +1,48 @@
+"""--mixed-precision and --jit-compile change what runs: read from the exported graph and from
+XLA's own dump, in real single-process trainer.task runs (the multi-worker and parameter-server
+exports are checked in test_mwms.py and test_parameter_server.py)."""
+
+from __future__ import annotations
+
+import os
+
+from helpers import clean_env, run_module, saved_model_op_dtypes
+
+SMALL_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32",
+             "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4"]
+
+
+def train(tmp_path, data_root, *args, env=None):
+    result = run_module("trainer.task", *SMALL_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
+                        *args, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stderr, saved_model_op_dtypes(tmp_path / "model")
+
+
+def test_off_trains_in_float32_without_xla(tmp_path, data_root):
+    dump = tmp_path / "xla"
+    log, dtypes = train(tmp_path, data_root, "--mixed-precision", "off",
+                        env=clean_env(XLA_FLAGS=f"--xla_dump_to={dump}"))
+    assert "trainer: precision: float32 (--mixed-precision off)" in log
+    assert dtypes["Conv2D"] == ["float32"] and dtypes["Softmax"] == ["float32"]
+    assert not dump.exists() or os.listdir(dump) == []  # nothing was compiled by XLA
+
+
+def test_bfloat16_with_jit_compile_computes_convolutions_in_bfloat16_under_xla(tmp_path, data_root):
+    dump = tmp_path / "xla"
+    log, dtypes = train(tmp_path, data_root, "--mixed-precision", "bfloat16", "--jit-compile",
+                        env=clean_env(XLA_FLAGS=f"--xla_dump_to={dump}"))
+    assert "trainer: precision: mixed_bfloat16 (--mixed-precision bfloat16)" in log
+    assert dtypes["Conv2D"] == ["bfloat16"]
+    assert dtypes["Softmax"] == ["float32"]  # the head's softmax stays float32 for a stable loss
+    # XLA dumped the modules it compiled; the train step (Keras' run_step) is one of them.
+    assert any("run_step" in name for name in os.listdir(dump)), sorted(os.listdir(dump))[:10]
+
+
+def test_float16_without_a_fast_path_warns_once_then_trains(tmp_path, data_root):
+    log, dtypes = train(tmp_path, data_root, "--mixed-precision", "float16")
+    if "no fast path" not in log:  # this machine has a GPU with tensor cores: nothing to warn about
+        assert "precision: mixed_float16" in log
+    else:
+        assert log.count("no fast path") == 1
+    assert dtypes["Conv2D"] == ["float16"] and dtypes["Softmax"] == ["float32"]

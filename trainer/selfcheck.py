@@ -1,0 +1,142 @@
+"""`python -m trainer.selfcheck`: proves an image on the machine it runs on, before a large job.
+
+It prints TensorFlow and its build, the CUDA libraries TensorFlow will load (trainer.gpu_stack),
+the driver and the devices, then times a few ResNet50 train steps on generated images: float32
+always, and the trainer's default precision (`--mixed-precision auto`) with XLA where a GPU
+exists. Any failure is one line on stderr and exit code 1; on a machine without a GPU it says so
+and runs the CPU part. `scripts/submit_job.py vertex --self-check` runs it as a one-replica job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import sys
+import time
+
+import trainer  # noqa: F401  (selects legacy Keras before TensorFlow loads)
+
+
+def driver_version() -> str:
+    """The NVIDIA driver's release and the CUDA version it supports, or why there is none."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "none (libcuda.so.1 not found: no NVIDIA driver in this container)"
+    code = ctypes.c_int()
+    if libcuda.cuDriverGetVersion(ctypes.byref(code)) != 0:
+        return "libcuda.so.1 loads but cuDriverGetVersion failed"
+    release = ""
+    try:
+        with open("/proc/driver/nvidia/version") as handle:
+            release = next((w for w in handle.readline().split() if w[:1].isdigit() and "." in w), "")
+    except OSError:
+        pass
+    return f"{release or '?'} (supports CUDA {code.value // 1000}.{code.value % 1000 // 10})"
+
+
+def images_per_second(model, images, labels, steps: int, steps_per_execution: int = 1) -> float:
+    """Train-step throughput on data already in memory; the first (compiling) call is excluded."""
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    model.fit(dataset, steps_per_epoch=steps_per_execution, epochs=1, verbose=0)
+    start = time.perf_counter()
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    return steps * int(images.shape[0]) / (time.perf_counter() - start)
+
+
+def generated_batch(batch: int, image_size: int, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(batch, image_size, image_size, 3), dtype=np.uint8)
+    return images, rng.integers(0, 5, size=(batch,))
+
+
+def trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: int, steps: int,
+                       steps_per_execution: int = 1) -> float:
+    """The trainer's own ResNet50 + head under `policy`, on a generated batch."""
+    import tensorflow as tf
+
+    from trainer import model as model_lib
+
+    tf.keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = model_lib.build(5, image_size, "none")
+        model_lib.compile_model(model, 1e-4, steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        images, labels = generated_batch(batch, image_size)
+        return images_per_second(model, images, labels, steps, steps_per_execution)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def run(args) -> list[str]:
+    """Prints the report; returns the problems found (empty when the image is fit to train)."""
+    import tensorflow as tf
+
+    from trainer import gpu_stack, precision
+
+    found_problems: list[str] = []
+    build = tf.sysconfig.get_build_info()
+    if build.get("is_cuda_build"):
+        stack = gpu_stack.probe()
+        for line in gpu_stack.describe(stack):
+            print(line)
+        found_problems += gpu_stack.problems(stack)
+    else:
+        print(f"tensorflow {tf.__version__}: CPU build")
+    print(f"driver: {driver_version()}")
+    gpus = tf.config.list_physical_devices("GPU")
+    devices = precision.local_devices(gpus)
+    if gpus:
+        for gpu, capability in zip(gpus, devices.gpu_capabilities):
+            name = tf.config.experimental.get_device_details(gpu).get("device_name", "?")
+            print(f"device: {gpu.name} {name}, compute capability {capability[0]}.{capability[1]}")
+    else:
+        print(f"device: no GPU visible; the CPU part runs ({devices.describe()})")
+    if found_problems:
+        return found_problems
+
+    default = precision.choose("auto", devices)
+    print(f"precision: --mixed-precision auto picks {default.policy} ({default.reason})")
+    runs = [("float32", "float32", False)]
+    if gpus:
+        runs.append((f"{default.policy} + XLA", default.policy, True))
+    elif default.policy != "float32":
+        runs.append((default.policy, default.policy, False))
+    batch = args.batch or (32 if gpus else 8)
+    baseline = None
+    for label, policy, jit in runs:
+        rate = trainer_throughput(policy, jit, batch, args.image_size, args.steps)
+        baseline = baseline or rate
+        print(f"resnet50 train step, {label:24s} {rate:9.1f} images/s  x{rate / baseline:.2f}"
+              f"  (batch {batch}, {args.image_size} px, {args.steps} steps)")
+    return []
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.selfcheck", description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed train steps per configuration")
+    parser.add_argument("--batch", type=int, default=None, help="images per step (default 32 on a GPU, 8 on a CPU)")
+    parser.add_argument("--image-size", type=int, default=224, help="square input size in pixels")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    try:
+        found_problems = run(args)
+    except Exception as error:  # noqa: BLE001 - any failure is the answer, in one line
+        first = (getattr(error, "message", None) or str(error) or type(error).__name__).strip().splitlines()[0]
+        print(f"trainer.selfcheck: error: {type(error).__name__}: {first[:300]}", file=sys.stderr)
+        return 1
+    if found_problems:
+        print(f"trainer.selfcheck: error: {'; '.join(found_problems)}", file=sys.stderr)
+        return 1
+    print("selfcheck ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
