@@ -1,77 +1,84 @@
-"""ResNet50 training throughput: the lab's configuration against the trainer's.
+"""ResNet50 training throughput: the lab's configuration against the trainer's defaults, side by side.
 
-    python benchmarks/train_step.py [--steps 5] [--batch 8] [--image-size 300]
+    python benchmarks/train_step.py [--steps 8] [--batch 16] [--image-size 160] [--repeats 2]
 
-Both run the same ResNet50 + head on random data already in memory, so only the train step is
-measured. The lab feeds float32 images scaled on the host; the trainer feeds uint8 and
-normalises inside the model. The first (compiling) step is excluded.
+Every configuration trains the same ResNet50 + head on one generated batch already in memory, so
+only the train step is measured; the first (compiling) call is excluded, and the rounds alternate
+so that drift on a shared machine hits every configuration alike. The median of the rounds is
+printed, each as a ratio over the lab.
 
-On a GPU it also runs the speed settings the trainer offers:
-  --mixed-precision        mixed_float16 compute (tensor cores), float32 softmax and loss
-  --jit-compile            XLA compilation of the train step
-  --steps-per-execution N  N steps per tf.function call, hiding host overhead
-On a CPU these do not help (XLA and float16 were slower here), so only fp32 runs, and it says so.
+  lab                          float32, float32 input scaled on the host (the codelab's model)
+  trainer, float32             uint8 input normalised in the model, float32 compute
+  trainer default              `--mixed-precision auto` on this machine: mixed_float16 on GPUs with
+                               tensor cores, mixed_bfloat16 on CPUs with AMX, else float32
+  trainer, mixed_bfloat16      asked for explicitly, on a CPU: shows what bfloat16 does here
+  trainer default + XLA + 8 steps/execution   on a GPU: the remaining speed flags
+
+The last line, `summary: default_over_lab=R`, is the default's ratio over the lab.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import trainer  # noqa: E402,F401
-import numpy as np  # noqa: E402
+from trainer import precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
 import tensorflow as tf  # noqa: E402
 
-from trainer import model as model_lib  # noqa: E402
 
-
-def lab_model(image_size: int) -> tf.keras.Model:
-    """The lab's model: ResNet50 on float32 input in [0, 1], GAP, Dense(1016), softmax."""
+def lab_throughput(batch: int, image_size: int, steps: int) -> float:
+    """The lab's model: ResNet50 on float32 input in [0, 1], GAP, Dense(1016), softmax, float32."""
+    tf.keras.mixed_precision.set_global_policy("float32")
     base = tf.keras.applications.ResNet50(weights=None, include_top=False, input_shape=(image_size, image_size, 3))
     x = tf.keras.layers.GlobalAveragePooling2D()(base.output)
     x = tf.keras.layers.Dense(1016, activation="relu")(x)
     outputs = tf.keras.layers.Dense(5, activation="softmax")(x)
     model = tf.keras.Model(base.input, outputs)
     model.compile(optimizer=tf.keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
+    images, labels = selfcheck.generated_batch(batch, image_size)
+    return selfcheck.images_per_second(model, images.astype("float32") / 255.0, labels, steps)
 
 
-def images_per_second(model, images, labels, steps: int, steps_per_execution: int = 1) -> float:
-    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    model.fit(dataset, steps_per_epoch=steps_per_execution, epochs=1, verbose=0)  # compile and warm up
-    start = time.perf_counter()
-    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
-    return steps * images.shape[0] / (time.perf_counter() - start)
+def configurations(default_policy: str, gpu: bool) -> list[tuple[str, object]]:
+    def trainer(policy, jit=False, spe=1):
+        return lambda a: selfcheck.trainer_throughput(policy, jit, a.batch, a.image_size, a.steps, spe)
+
+    configs = [("lab (float32, float32 input)", lambda a: lab_throughput(a.batch, a.image_size, a.steps)),
+               ("trainer, float32 (uint8 input)", trainer("float32")),
+               (f"trainer default ({default_policy})", trainer(default_policy))]
+    if gpu:
+        configs.append((f"trainer default + XLA + 8 steps/execution", trainer(default_policy, True, 8)))
+    elif default_policy != "mixed_bfloat16":
+        configs.append(("trainer, mixed_bfloat16 (asked for)", trainer("mixed_bfloat16")))
+    return configs
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--image-size", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per configuration per round")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=160)
+    parser.add_argument("--repeats", type=int, default=2, help="rounds; the median is reported")
     args = parser.parse_args(argv)
-    gpu = bool(tf.config.list_physical_devices("GPU"))
-    rng = np.random.default_rng(0)
-    uint8_images = rng.integers(0, 256, size=(args.batch, args.image_size, args.image_size, 3), dtype=np.uint8)
-    labels = rng.integers(0, 5, size=(args.batch,))
-    print(f"device: {'GPU' if gpu else 'CPU only: fp32 configurations only (mixed precision and XLA do not help on CPU)'}")
-
-    results = {"lab (fp32, float32 input)": images_per_second(lab_model(args.image_size), uint8_images.astype(np.float32) / 255.0, labels, args.steps)}
-    configs = [("trainer (fp32, uint8 input)", False, False, 1)]
-    if gpu:
-        configs += [("trainer + mixed precision", True, False, 1), ("trainer + mixed precision + XLA", True, True, 1),
-                    ("trainer + mixed precision + XLA + 8 steps/execution", True, True, 8)]
-    for name, mixed, jit, spe in configs:
-        tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
-        model = model_lib.build(5, args.image_size, "none")
-        model_lib.compile_model(model, 1e-4, steps_per_execution=spe, jit_compile=jit)
-        results[name] = images_per_second(model, uint8_images, labels, args.steps, spe)
-    baseline = next(iter(results.values()))
-    for name, rate in results.items():
-        print(f"{name:55s} {rate:8.2f} img/s  x{rate / baseline:.2f}")
+    devices = precision.local_devices()
+    default = precision.choose("auto", devices)
+    gpu = bool(devices.gpu_capabilities)
+    print(f"device: {devices.describe()}; --mixed-precision auto picks {default.policy}")
+    configs = configurations(default.policy, gpu)
+    rates: dict[str, list[float]] = {name: [] for name, _ in configs}
+    for _ in range(args.repeats):
+        for name, measure in configs:
+            rates[name].append(measure(args))
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    lab = next(iter(medians.values()))
+    for name, rate in medians.items():
+        print(f"{name:45s} {rate:8.2f} img/s  x{rate / lab:.2f}")
+    default_name = configs[2][0]
+    print(f"summary: default_over_lab={medians[default_name] / lab:.2f} "
+          f"(batch {args.batch}, {args.image_size} px, median of {args.repeats} rounds of {args.steps} steps)")
     return 0
 
 

@@ -20,6 +20,12 @@ ACCELERATORS_BY_FAMILY = {
 }
 
 
+# GPUs for which TF 2.21's wheel has no compiled kernels, only compute_90 PTX (its build info lists
+# sm_60/70/80/89 and compute_90): the driver JIT-compiles every kernel at start, which "could take
+# 30 minutes or longer" (tensorflow/tensorflow#60739, #62320).
+PTX_ONLY_ACCELERATORS = {"NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200", "NVIDIA_GB200"}
+
+
 class SpecError(ValueError):
     """An inconsistent request. str() is one line."""
 
@@ -122,6 +128,27 @@ def vertex_custom_job(request: JobRequest) -> dict:
     if request.labels:
         job["labels"] = dict(request.labels)
     return job
+
+
+SELFCHECK_COMMAND = ("python", "-m", "trainer.selfcheck")
+
+
+def vertex_selfcheck_job(request: JobRequest) -> dict:
+    """One replica on the chief's machine, GPUs and image, running `python -m trainer.selfcheck`
+    (the trainer args become its args): proves an image on that GPU before a large job pays."""
+    chief = dataclasses.replace(request.pool("chief"), role="chief", replicas=1)
+    job = vertex_custom_job(dataclasses.replace(request, pools=(chief,), base_output_dir=None,
+                                                name=f"{request.name}-selfcheck"))
+    job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = list(SELFCHECK_COMMAND)
+    return job
+
+
+def accelerator_warnings(request: JobRequest) -> list[str]:
+    """One line per kind of GPU this TensorFlow build has to JIT-compile for."""
+    slow = sorted({p.accelerator_type for p in request.pools if p.accelerator_type in PTX_ONLY_ACCELERATORS})
+    return [f"warning: {name}: TensorFlow 2.21 ships no kernels for this GPU, only PTX, so each new container "
+            f"JIT-compiles them at start (30 minutes or longer, tensorflow/tensorflow#60739); the image caches them "
+            f"for later processes (CUDA_CACHE_MAXSIZE). Prove it first with --self-check." for name in slow]
 
 
 @dataclasses.dataclass(frozen=True)

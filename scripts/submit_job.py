@@ -17,6 +17,7 @@ Needs the `submit` extra (pip install '.[submit]'); the training images never ca
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "tfjob"))
     parser.add_argument("--dry-run", action="store_true", help="print the spec; no credentials, no network")
+    parser.add_argument("--self-check", action="store_true",
+                        help="vertex: instead of training, run `python -m trainer.selfcheck` on one replica of the "
+                        "chief's machine, GPUs and image (arguments after -- go to the self-check)")
     parser.add_argument("--name", default="cassava-multiworker", help="display name / TFJob name")
     parser.add_argument("--strategy", choices=("mwms", "pss"), default="mwms")
     parser.add_argument("--workers", type=int, default=1, help="replicas besides the chief")
@@ -68,11 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_spec(args) -> tuple[str, dict]:
-    """(format, spec) for the target; raises jobspec.SpecError on an inconsistent request."""
+def build_request(args) -> jobspec.JobRequest:
     if args.target == "ai-platform" and args.evaluator and not args.evaluator_image_uri:
         raise jobspec.SpecError("an AI Platform evaluator needs --evaluator-image-uri (gcloud has no flag for it; it goes in config.yaml)")
-    request = jobspec.build_request(
+    return jobspec.build_request(
         name=args.name, strategy=args.strategy, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
         image_uri=args.image_uri, gpu_image_uri=args.gpu_image_uri, evaluator_image_uri=args.evaluator_image_uri,
         machine_type=args.machine_type, accelerator_type=args.accelerator_type, accelerator_count=args.accelerator_count,
@@ -80,6 +83,11 @@ def build_spec(args) -> tuple[str, dict]:
         trainer_args=args.trainer_args, base_output_dir=args.base_output_dir, service_account=args.service_account,
         network=args.network, labels=args.labels,
     )
+
+
+def build_spec(args) -> tuple[str, dict]:
+    """(format, spec) for the target; raises jobspec.SpecError on an inconsistent request."""
+    request = build_request(args)
     try:
         low, high = (float(v) for v in args.learning_rate_range.split(","))
         batch_sizes = tuple(int(v) for v in args.batch_sizes.split(","))
@@ -90,7 +98,12 @@ def build_spec(args) -> tuple[str, dict]:
     if args.parallel_trials > args.max_trials or args.max_trials < 1:
         raise jobspec.SpecError("--parallel-trials cannot exceed --max-trials, which must be at least 1")
     tuning = jobspec.Tuning(args.metric, args.goal, args.max_trials, args.parallel_trials, (low, high), batch_sizes)
+    if args.self_check and args.target != "vertex":
+        raise jobspec.SpecError("--self-check is for the vertex target")
     if args.target == "vertex":
+        if args.self_check:
+            # The args after -- are the self-check's own, untouched by the strategy.
+            return "json", jobspec.vertex_selfcheck_job(dataclasses.replace(request, trainer_args=tuple(args.trainer_args)))
         return "json", jobspec.vertex_custom_job(request)
     if args.target == "hptune":
         return "json", jobspec.vertex_tuning_job(request, tuning)
@@ -127,6 +140,8 @@ def main(argv=None) -> int:
     args.trainer_args = argv[split + 1:]
     try:
         fmt, spec = build_spec(args)
+        for warning in jobspec.accelerator_warnings(build_request(args)):
+            print(warning, file=sys.stderr)
         if args.dry_run or args.target in ("ai-platform", "tfjob"):
             if fmt == "json":
                 print(json.dumps(spec, indent=2))

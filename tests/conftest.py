@@ -1,5 +1,5 @@
-"""Tiers live in folders (unit/, integration/, container/); each folder's tests carry the marker
-of the same name, so `pytest -m unit` runs only the fast ones."""
+"""Tiers live in folders (unit/, integration/, container/, gpu/); each folder's tests carry the
+marker of the same name, so `pytest -m unit` runs only the fast ones."""
 
 import sys
 from pathlib import Path
@@ -13,7 +13,7 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the trainer package, and helpe
 def pytest_collection_modifyitems(items):
     for item in items:
         tier = Path(item.fspath).parent.name
-        if tier in ("unit", "integration", "container"):
+        if tier in ("unit", "integration", "container", "gpu"):
             item.add_marker(getattr(pytest.mark, tier))
 
 

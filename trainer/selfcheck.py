@@ -1,10 +1,14 @@
 """`python -m trainer.selfcheck`: proves an image on the machine it runs on, before a large job.
 
 It prints TensorFlow and its build, the CUDA libraries TensorFlow will load (trainer.gpu_stack),
-the driver and the devices, then times a few ResNet50 train steps on generated images: float32
-always, and the trainer's default precision (`--mixed-precision auto`) with XLA where a GPU
-exists. Any failure is one line on stderr and exit code 1; on a machine without a GPU it says so
-and runs the CPU part. `scripts/submit_job.py vertex --self-check` runs it as a one-replica job.
+the driver and the devices. Then it trains, on generated images:
+- a few ResNet50 steps (Conv2D + model.fit) in float32, and in the trainer's default precision
+  (`--mixed-precision auto`), with XLA where a GPU exists, printing images/s for each;
+- a small model with MultiWorkerMirroredStrategy in this one process over every local GPU (NCCL
+  all-reduce), or over the CPU.
+Any failure is one line on stderr and exit code 1; on a machine without a GPU it says so and runs
+the CPU part. `scripts/submit_job.py vertex --self-check` runs it as a one-replica Vertex job, and
+the `gpu` test tier (tests/gpu) runs it wherever a GPU is visible.
 """
 
 from __future__ import annotations
@@ -73,12 +77,32 @@ def trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: i
         tf.keras.mixed_precision.set_global_policy("float32")
 
 
+def local_multi_worker_fit(strategy, steps: int = 3) -> tuple[int, float]:
+    """A few steps of the small model under `strategy`: (replicas, final loss)."""
+    import tensorflow as tf
+
+    from trainer import model as model_lib
+
+    global_batch = 4 * strategy.num_replicas_in_sync
+    images, labels = generated_batch(global_batch, 32, seed=1)
+    with strategy.scope():
+        model = model_lib.build(5, 32, "none", architecture="small")
+        model_lib.compile_model(model, 1e-3, steps_per_execution=1, jit_compile=False)
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    history = model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    return strategy.num_replicas_in_sync, float(history.history["loss"][-1])
+
+
 def run(args) -> list[str]:
     """Prints the report; returns the problems found (empty when the image is fit to train)."""
     import tensorflow as tf
 
     from trainer import gpu_stack, precision
 
+    # MultiWorkerMirrored configures the collective runtime, which is fixed once any op has run,
+    # so it is created before anything else runs (with no TF_CONFIG: one worker, local devices).
+    os.environ.pop("TF_CONFIG", None)
+    multi_worker = tf.distribute.MultiWorkerMirroredStrategy()
     found_problems: list[str] = []
     build = tf.sysconfig.get_build_info()
     if build.get("is_cuda_build"):
@@ -114,6 +138,11 @@ def run(args) -> list[str]:
         baseline = baseline or rate
         print(f"resnet50 train step, {label:24s} {rate:9.1f} images/s  x{rate / baseline:.2f}"
               f"  (batch {batch}, {args.image_size} px, {args.steps} steps)")
+    replicas, loss = local_multi_worker_fit(multi_worker)
+    if not loss == loss:  # NaN
+        return [f"multi_worker_mirrored over {replicas} local replicas trained to a NaN loss"]
+    print(f"multi_worker_mirrored: 1 worker, {replicas} local replica(s) "
+          f"({'GPUs, NCCL' if gpus else 'CPU'}), 3 steps, loss {loss:.4f}")
     return []
 
 

@@ -230,3 +230,43 @@ def test_trainer_only_change_reuses_the_dependency_layer(base_image, cpu_image, 
 
     assert cached("pip install --no-deps --require-hashes"), "the dependency layer was rebuilt"
     assert not cached("COPY --chown=root:root trainer"), "the changed trainer code was not copied"
+
+
+def test_selfcheck_in_the_gpu_image_reports_the_locked_stack_and_trains_on_cpu(engine, gpu_image):
+    """No GPU here: the image's own check must still show the CUDA stack it carries, say that no
+    GPU is visible, and run the ResNet50 train steps on the CPU."""
+    tool, env = engine
+    result = sh(tool, "run", "--rm", "--init", "--entrypoint", "python", gpu_image, "-m", "trainer.selfcheck",
+                "--image-size", "64", "--steps", "2", env=env, check=False)
+    output = result.stdout
+    assert result.returncode == 0, output[-3000:] + result.stderr[-3000:]
+    BUDGETS.append("GPU image selfcheck on this CPU:\n" + "\n".join(
+        line for line in output.splitlines() if line.startswith(("  cudnn", "  nccl", "  cudart", "resnet50", "multi_worker"))))
+    assert re.search(r"^tensorflow 2\.21\.0: CUDA build for CUDA 12\.5\.1, cuDNN 9,", output, re.M)
+    assert re.search(r"^  cudnn +9\.24\.0 +/opt/venv/.*/nvidia/cudnn/lib/libcudnn\.so\.9$", output, re.M)
+    assert re.search(r"^  nccl +2\.30\.7 ", output, re.M)
+    assert re.search(r"^  cudart +12\.9 ", output, re.M)
+    assert "driver: none (libcuda.so.1 not found" in output
+    assert "device: no GPU visible; the CPU part runs" in output
+    assert re.search(r"^resnet50 train step, float32 +\d+\.\d images/s", output, re.M)
+    assert re.search(r"^multi_worker_mirrored: 1 worker, 1 local replica\(s\) \(CPU\), 3 steps, loss \d", output, re.M)
+    assert output.rstrip().endswith("selfcheck ok")
+
+
+def test_gpu_stack_check_fails_on_a_cudnn_below_the_minimum(engine, gpu_image, tmp_path):
+    """A wrong stack: a cuDNN 9.1 that the loader would find first (LD_LIBRARY_PATH beats the
+    wheels' RUNPATH, as it would for a base image that puts its own cuDNN there). The library is
+    built here and answers cudnnGetVersion() like the real 9.1.0; the check must refuse it."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the old-cuDNN library")
+    tool, env = engine
+    (tmp_path / "c.c").write_text("#include <stddef.h>\nsize_t cudnnGetVersion(void) { return 90100; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libcudnn.so.9"), str(tmp_path / "c.c")], check=True)
+    result = sh(tool, "run", "--rm", "-v", f"{tmp_path}:/old-cudnn:ro", "-e", "LD_LIBRARY_PATH=/old-cudnn",
+                "--entrypoint", "python", gpu_image, "-m", "trainer.gpu_stack", env=env, check=False)
+    assert result.returncode == 1, result.stdout[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.gpu_stack: error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert "cudnn 9.1.0 at /old-cudnn/libcudnn.so.9 is older than 9.24.0" in errors[0]
+    # and the same image, unchanged, passes: the failure came from the library, not the check
+    assert sh(tool, "run", "--rm", "--entrypoint", "python", gpu_image, "-m", "trainer.gpu_stack", env=env).returncode == 0

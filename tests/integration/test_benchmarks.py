@@ -25,10 +25,15 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
     assert table.count("| 2 |") == 3 and "summary:" in table and ceiling.group(0) in table
 
 
-def test_train_step_benchmark_runs_the_lab_and_trainer_configurations():
-    result = subprocess.run([sys.executable, "benchmarks/train_step.py", "--steps", "1", "--batch", "2", "--image-size", "32"],
-                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
+    result = subprocess.run([sys.executable, "benchmarks/train_step.py", "--steps", "1", "--batch", "2", "--image-size", "32",
+                             "--repeats", "1"], capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "CPU only: fp32 configurations only" in result.stdout
-    assert re.search(r"^lab \(fp32, float32 input\) +\d+\.\d\d img/s  x1\.00$", result.stdout, re.M)
-    assert re.search(r"^trainer \(fp32, uint8 input\) +\d+\.\d\d img/s", result.stdout, re.M)
+    policy = re.search(r"^device: .*; --mixed-precision auto picks (\S+)$", result.stdout, re.M).group(1)
+    lab = re.search(r"^lab \(float32, float32 input\) +(\d+\.\d\d) img/s  x1\.00$", result.stdout, re.M)
+    default = re.search(rf"^trainer default \({policy}\) +(\d+\.\d\d) img/s  x(\d+\.\d\d)$", result.stdout, re.M)
+    assert lab and default, result.stdout
+    summary = re.search(r"^summary: default_over_lab=(\d+\.\d\d) ", result.stdout, re.M)
+    # the printed ratio is the ratio of the two printed rates
+    assert abs(float(summary.group(1)) - float(default.group(1)) / float(lab.group(1))) < 0.02
+    assert summary.group(1) == default.group(2)

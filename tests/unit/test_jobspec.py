@@ -260,3 +260,56 @@ def test_dry_run_prints_json_for_vertex_and_yaml_for_tfjob():
     assert json.loads(vertex.stdout)["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"] == ["--epochs", "3"]
     tfjob = run_module("scripts.submit_job", "tfjob", *REQUESTS["mwms-cpu-gcr"], env=clean_env(), timeout=120)
     assert yaml.safe_load(tfjob.stdout)["kind"] == "TFJob"
+
+
+# --- self-check job and GPU warnings ------------------------------------------------------------
+
+def test_self_check_is_one_replica_of_the_chief_machine_running_selfcheck():
+    from google.cloud import aiplatform_v1
+
+    args = submit_job.build_parser().parse_args(["vertex", "--self-check", "--strategy", "pss", "--ps", "2",
+                                                 *REQUESTS["mwms-v100"]])
+    args.trainer_args = ["--image-size", "224"]
+    custom = submit_job.build_spec(args)[1]
+    job_spec = aiplatform_v1.CustomJobSpec.from_json(json.dumps(custom["jobSpec"]), ignore_unknown_fields=False)
+    [pool] = job_spec.worker_pool_specs
+    assert pool.replica_count == 1
+    assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name, pool.machine_spec.accelerator_count) == \
+        ("n1-standard-8", "NVIDIA_TESLA_V100", 1)
+    assert pool.container_spec.image_uri == GPU
+    assert list(pool.container_spec.command) == ["python", "-m", "trainer.selfcheck"]
+    assert list(pool.container_spec.args) == ["--image-size", "224"]  # no --strategy: not a training run
+    assert custom["displayName"] == "cassava-multiworker-selfcheck"
+
+
+def test_self_check_args_are_flags_the_selfcheck_accepts():
+    from trainer import selfcheck
+
+    with pytest.raises(SystemExit) as exit_info:
+        selfcheck.main(["--help"])
+    assert exit_info.value.code == 0
+    with pytest.raises(SystemExit) as exit_info:
+        selfcheck.main(["--epochs", "3"])  # a training flag is refused, not ignored
+    assert exit_info.value.code == 2
+
+
+def test_self_check_is_only_for_vertex():
+    result = run_module("scripts.submit_job", "tfjob", "--self-check", *REQUESTS["mwms-cpu-gcr"], env=clean_env(), timeout=120)
+    assert result.returncode == 2 and result.stderr == "submit_job: error: --self-check is for the vertex target\n"
+
+
+H100 = ["--workers", "1", "--machine-type", "a3-highgpu-8g", "--accelerator-type", "NVIDIA_H100_80GB",
+        "--accelerator-count", "8", "--image-uri", CPU, "--gpu-image-uri", GPU]
+
+
+@pytest.mark.parametrize("target", ["vertex", "tfjob"])
+def test_an_h100_request_prints_one_warning_line(target):
+    result = run_module("scripts.submit_job", target, "--dry-run", *H100, env=clean_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("warning: NVIDIA_H100_80GB: TensorFlow 2.21 ships no kernels for this GPU")
+
+
+def test_a_v100_request_prints_no_warning():
+    result = run_module("scripts.submit_job", "vertex", "--dry-run", *REQUESTS["mwms-v100"], env=clean_env(), timeout=120)
+    assert result.returncode == 0 and result.stderr == ""
