@@ -26,6 +26,14 @@ ACCELERATORS_BY_FAMILY = {
 PTX_ONLY_ACCELERATORS = {"NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200", "NVIDIA_GB200"}
 
 
+# Kubernetes restarts a TFJob's pods at most this often (runPolicy.backoffLimit) before the job fails.
+DEFAULT_MAX_RESTARTS = 5
+# TFJob restartPolicy: ExitCode restarts only on the retryable codes (130, 137, 138, 143), which
+# trainer.task uses for a lost cluster or a preemption; its configuration errors (2) and bugs
+# (1) fail the job at once instead of restarting forever, as OnFailure would.
+TFJOB_RESTART_POLICY = "ExitCode"
+
+
 class SpecError(ValueError):
     """An inconsistent request. str() is one line."""
 
@@ -52,6 +60,10 @@ class JobRequest:
     service_account: str | None = None
     network: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    # Faults: Spot VMs (Vertex), a time limit in seconds, and how often Kubernetes may restart.
+    spot: bool = False
+    timeout_seconds: int | None = None
+    max_restarts: int = DEFAULT_MAX_RESTARTS
 
     def pool(self, role: str) -> Pool | None:
         return next((p for p in self.pools if p.role == role), None)
@@ -62,6 +74,7 @@ def build_request(
     gpu_image_uri: str | None, machine_type: str, accelerator_type: str | None, accelerator_count: int,
     ps_machine_type: str, evaluator_machine_type: str | None, evaluator_image_uri: str | None = None,
     trainer_args=(), base_output_dir=None, service_account=None, network=None, labels=(),
+    spot=False, timeout_seconds=None, max_restarts=DEFAULT_MAX_RESTARTS,
 ) -> JobRequest:
     """Validates a request and lays out its pools; raises SpecError when it cannot work."""
     if workers < 1:
@@ -94,7 +107,12 @@ def build_request(
     args = list(trainer_args)
     if strategy == "pss" and "--strategy" not in args:
         args = ["--strategy", "parameter_server", *args]
-    return JobRequest(name, strategy, tuple(pools), tuple(args), base_output_dir, service_account, network, tuple(labels))
+    if timeout_seconds is not None and timeout_seconds < 1:
+        raise SpecError(f"--timeout must be a positive number of seconds, got {timeout_seconds}")
+    if max_restarts < 0:
+        raise SpecError(f"--max-restarts must be 0 or more, got {max_restarts}")
+    return JobRequest(name, strategy, tuple(pools), tuple(args), base_output_dir, service_account, network,
+                      tuple(labels), spot, timeout_seconds, max_restarts)
 
 
 # --- Vertex AI -------------------------------------------------------------------------------
@@ -117,6 +135,9 @@ def vertex_custom_job(request: JobRequest) -> dict:
             "containerSpec": {"imageUri": pool.image_uri, "args": list(request.trainer_args)},
         }
     job_spec: dict = {"workerPoolSpecs": specs}
+    scheduling = vertex_scheduling(request)
+    if scheduling:
+        job_spec["scheduling"] = scheduling
     if request.base_output_dir:
         # Vertex then sets AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR.
         job_spec["baseOutputDirectory"] = {"outputUriPrefix": request.base_output_dir}
@@ -149,6 +170,20 @@ def accelerator_warnings(request: JobRequest) -> list[str]:
     return [f"warning: {name}: TensorFlow 2.21 ships no kernels for this GPU, only PTX, so each new container "
             f"JIT-compiles them at start (30 minutes or longer, tensorflow/tensorflow#60739); the image caches them "
             f"for later processes (CUDA_CACHE_MAXSIZE). Prove it first with --self-check." for name in slow]
+
+
+def vertex_scheduling(request: JobRequest) -> dict:
+    """Vertex restarts only the replica that failed. A MultiWorkerMirrored job cannot take a
+    replica back mid-collective (the others fail or hang), so the whole job restarts and resumes
+    from its backup; ParameterServer workers rejoin on their own, so those jobs keep the default."""
+    scheduling: dict = {}
+    if request.strategy == "mwms":
+        scheduling["restartJobOnWorkerRestart"] = True
+    if request.spot:
+        scheduling["strategy"] = "SPOT"
+    if request.timeout_seconds:
+        scheduling["timeout"] = f"{request.timeout_seconds}s"
+    return scheduling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +240,11 @@ def ai_platform_config(request: JobRequest, region: str, tuning: Tuning | None =
         training["serviceAccount"] = request.service_account
     if request.network:
         training["network"] = request.network
+    if request.spot:
+        raise SpecError("--spot: AI Platform Training has no Spot VMs (use the vertex target)")
+    if request.timeout_seconds:
+        # The only restart-related setting it has; failed replicas are retried by the service itself.
+        training["scheduling"] = {"maxRunningTime": f"{request.timeout_seconds}s"}
     if tuning:
         training["hyperparameters"] = {
             "goal": tuning.goal,
@@ -242,8 +282,7 @@ def tfjob_manifest(request: JobRequest, namespace: str) -> dict:
             container["resources"] = {"limits": {"nvidia.com/gpu": pool.accelerator_count}}
         replica_specs[TFJOB_REPLICA_TYPES[pool.role]] = {
             "replicas": pool.replicas,
-            # Servers and workers come back after a crash; TensorFlow's fault tolerance rejoins them.
-            "restartPolicy": "OnFailure",
+            "restartPolicy": TFJOB_RESTART_POLICY,
             "template": {"spec": {"containers": [container],
                                   **({"serviceAccountName": request.service_account} if request.service_account else {})}},
         }
@@ -251,7 +290,14 @@ def tfjob_manifest(request: JobRequest, namespace: str) -> dict:
     if request.labels:
         metadata["labels"] = dict(request.labels)
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
-            "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replica_specs}}
+            "spec": {"runPolicy": tfjob_run_policy(request), "tfReplicaSpecs": replica_specs}}
+
+
+def tfjob_run_policy(request: JobRequest) -> dict:
+    policy: dict = {"cleanPodPolicy": "Running", "backoffLimit": request.max_restarts}
+    if request.timeout_seconds:
+        policy["activeDeadlineSeconds"] = request.timeout_seconds
+    return policy
 
 
 # --- What each replica is told ----------------------------------------------------------------

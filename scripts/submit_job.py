@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--service-account", default=None)
     parser.add_argument("--network", default=None, help="projects/NUMBER/global/networks/NAME for VPC peering")
     parser.add_argument("--labels", type=parse_labels, default=(), help="key=value,key=value")
+    faults = parser.add_argument_group("faults")
+    faults.add_argument("--spot", action="store_true", help="vertex/hptune: run on Spot VMs (scheduling.strategy SPOT)")
+    faults.add_argument("--timeout", type=int, default=None, metavar="SECONDS",
+                        help="stop the job after this long (Vertex scheduling.timeout, AI Platform maxRunningTime, "
+                        "TFJob activeDeadlineSeconds)")
+    faults.add_argument("--max-restarts", type=int, default=jobspec.DEFAULT_MAX_RESTARTS,
+                        help="tfjob: runPolicy.backoffLimit, the pod restarts allowed before the job fails")
     parser.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"), help="for submitting")
     parser.add_argument("--region", default="us-central1")
     parser.add_argument("--namespace", default="default", help="tfjob namespace")
@@ -81,7 +88,8 @@ def build_request(args) -> jobspec.JobRequest:
         machine_type=args.machine_type, accelerator_type=args.accelerator_type, accelerator_count=args.accelerator_count,
         ps_machine_type=args.ps_machine_type, evaluator_machine_type=args.evaluator_machine_type,
         trainer_args=args.trainer_args, base_output_dir=args.base_output_dir, service_account=args.service_account,
-        network=args.network, labels=args.labels,
+        network=args.network, labels=args.labels, spot=args.spot, timeout_seconds=args.timeout,
+        max_restarts=args.max_restarts,
     )
 
 

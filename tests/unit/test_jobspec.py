@@ -190,7 +190,10 @@ def test_tfjob_manifest_loads_into_kubeflow_training_models(name):
     manifest = yaml.safe_load(yaml.safe_dump(spec("tfjob", name)))
     job = strict_model(manifest, "KubeflowOrgV1TFJob")
     replicas = job.spec.tf_replica_specs
-    assert replicas["Chief"].replicas == 1 and replicas["Chief"].restart_policy == "OnFailure"
+    assert replicas["Chief"].replicas == 1
+    # Only the retryable codes restart a pod; a configuration error (2) fails the job at once.
+    assert {r.restart_policy for r in replicas.values()} == {"ExitCode"}
+    assert job.spec.run_policy.backoff_limit == 5
     args = replicas["Worker"].template.spec.containers[0].args
     assert args[args.index("--epochs") + 1] == "10"
     assert ("--model-dir" in args) == (name == "pss-evaluator")  # from --base-output-dir
@@ -313,3 +316,51 @@ def test_an_h100_request_prints_one_warning_line(target):
 def test_a_v100_request_prints_no_warning():
     result = run_module("scripts.submit_job", "vertex", "--dry-run", *REQUESTS["mwms-v100"], env=clean_env(), timeout=120)
     assert result.returncode == 0 and result.stderr == ""
+
+
+# --- restart settings -------------------------------------------------------------------------------
+
+def vertex_scheduling(target, name, *extra):
+    from google.cloud import aiplatform_v1
+
+    custom = spec(target, name, *extra)
+    job_spec = custom["jobSpec"] if target == "vertex" else custom["trialJobSpec"]
+    return aiplatform_v1.CustomJobSpec.from_json(json.dumps(job_spec), ignore_unknown_fields=False).scheduling
+
+
+@pytest.mark.parametrize("target", ["vertex", "hptune"])
+def test_vertex_mwms_jobs_restart_as_a_whole_and_pss_jobs_do_not(target):
+    assert vertex_scheduling(target, "mwms-v100").restart_job_on_worker_restart is True
+    assert vertex_scheduling(target, "pss-evaluator").restart_job_on_worker_restart is False  # workers rejoin
+
+
+def test_vertex_spot_and_timeout_load_into_the_schema():
+    from google.cloud import aiplatform_v1
+
+    scheduling = vertex_scheduling("vertex", "mwms-cpu-gcr", "--spot", "--timeout", "7200")
+    assert scheduling.strategy == aiplatform_v1.Scheduling.Strategy.SPOT
+    assert scheduling.timeout.total_seconds() == 7200
+    plain = vertex_scheduling("vertex", "mwms-cpu-gcr")
+    assert plain.strategy == aiplatform_v1.Scheduling.Strategy.STRATEGY_UNSPECIFIED and not plain.timeout
+
+
+def test_ai_platform_timeout_is_max_running_time_and_spot_is_refused():
+    config = yaml.safe_load(yaml.safe_dump(spec("ai-platform", "mwms-v100", "--timeout", "3600")))
+    validate_discovery(config, {"$ref": "GoogleCloudMlV1__Job"}, ml_v1_schemas())  # a real field of the schema
+    assert config["trainingInput"]["scheduling"] == {"maxRunningTime": "3600s"}
+    result = run_module("scripts.submit_job", "ai-platform", "--spot", *REQUESTS["mwms-v100"], env=clean_env(), timeout=120)
+    assert result.returncode == 2 and result.stderr == "submit_job: error: --spot: AI Platform Training has no Spot VMs (use the vertex target)\n"
+
+
+def test_tfjob_backoff_limit_and_deadline_load_into_the_schema():
+    manifest = yaml.safe_load(yaml.safe_dump(spec("tfjob", "pss-evaluator", "--max-restarts", "2", "--timeout", "600")))
+    job = strict_model(manifest, "KubeflowOrgV1TFJob")
+    assert (job.spec.run_policy.backoff_limit, job.spec.run_policy.active_deadline_seconds) == (2, 600)
+
+
+def test_the_retryable_code_is_one_kubeflow_retries_and_configuration_errors_are_not():
+    """training-operator's IsRetryableExitCode: 130, 137, 138 and 143 are retried under ExitCode."""
+    from trainer import exits
+
+    assert exits.RETRYABLE in (130, 137, 138, 143)
+    assert exits.CONFIG not in (130, 137, 138, 143)

@@ -1,0 +1,18 @@
+"""The exit-code contract: what each code of `python -m trainer.task` means to the platform that
+decides whether to restart it.
+
+| code | meaning                                                    | a restart ...        |
+|------|------------------------------------------------------------|----------------------|
+| 0    | done                                                       | is not needed        |
+| 2    | configuration or bad input (flags, TF_CONFIG, data, paths) | cannot help: permanent |
+| 143  | this task lost its cluster, or was preempted (SIGTERM)     | resumes from the backup |
+| else | a bug                                                      | may or may not help  |
+
+143 (128 + SIGTERM) is one of the codes Kubeflow's `restartPolicy: ExitCode` retries (130, 137,
+138, 143; training-operator's IsRetryableExitCode) and what a task killed by SIGTERM would
+report anyway. Vertex AI restarts a replica on any non-zero code.
+"""
+
+OK = 0
+CONFIG = 2
+RETRYABLE = 143
