@@ -16,6 +16,10 @@ The job ends as a real cluster job does:
   as Vertex AI restarts a preempted replica, and rejoins;
 - once the chief has finished, servers are stopped and the evaluator's last evaluation is
   awaited.
+Tasks are stopped as the platforms stop them: SIGTERM, then SIGKILL after --grace-period
+seconds, so a trainer can save a backup and exit on its own (exit 143, trainer.exits). A task
+killed by a signal is reported as 128 + the signal, as a shell would. Killing the launcher
+itself (SIGTERM, Ctrl-C) stops every task at once, like a machine that goes away.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import threading
 import time
 from typing import Sequence
 
-STOP_GRACE_SECONDS = 5
+# Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
+DEFAULT_GRACE_SECONDS = 20.0
 MAX_WORKER_RESTARTS = 3
 WORKER_RESTART_DELAY_SECONDS = 2
 
@@ -80,12 +85,14 @@ def free_ports(count: int) -> list[int]:
 
 
 class Job:
-    def __init__(self, cluster: dict, tasks: list[TaskSpec], task_args: list[str], work_dir: str, parameter_server: bool):
+    def __init__(self, cluster: dict, tasks: list[TaskSpec], task_args: list[str], work_dir: str, parameter_server: bool,
+                 grace: float = DEFAULT_GRACE_SECONDS):
         self.cluster = cluster
         self.tasks = tasks
         self.task_args = task_args
         self.work_dir = work_dir
         self.parameter_server = parameter_server
+        self.grace = grace
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
         self.print_lock = threading.Lock()
@@ -126,11 +133,8 @@ class Job:
                 sys.stdout.write(f"[{name}] {line}" if line.endswith("\n") else f"[{name}] {line}\n")
                 sys.stdout.flush()
 
-    def stop(self, names: Sequence[str], grace: float = STOP_GRACE_SECONDS) -> None:
-        """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once).
-
-        TensorFlow's multi-worker runtime catches SIGTERM (its preemption notifier) and keeps
-        going, so the SIGKILL is what usually ends a task."""
+    def stop(self, names: Sequence[str], grace: float) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once)."""
         live = [self.processes[n] for n in names if self.processes[n].poll() is None]
         for process in live:
             _signal(process, signal.SIGTERM if grace else signal.SIGKILL)
@@ -153,9 +157,10 @@ class Job:
         finally:
             # Interrupted (SIGTERM/SIGINT to the launcher): the machine is going away, as in a
             # preemption, so the tasks die at once, mid-step.
-            self.stop(list(self.processes), grace=0 if interrupted else STOP_GRACE_SECONDS)
+            self.stop(list(self.processes), grace=0 if interrupted else self.grace)
             for reader in self.readers:
                 reader.join(timeout=5)
+            self.say("task exit codes: " + " ".join(f"{name}={exit_code(p.returncode)}" for name, p in self.processes.items()))
         return code
 
     def _supervise(self, deadline: float | None) -> int:
@@ -179,8 +184,10 @@ class Job:
                     continue
                 if name in training or name in evaluators:
                     if code != 0:
-                        self.say(f"{name} failed with exit code {code}: stopping every task")
-                        return code if code > 0 else 1
+                        code = exit_code(code)
+                        self.say(f"{name} failed with exit code {code}: stopping every task "
+                                 f"(SIGTERM, SIGKILL after {self.grace:g}s)")
+                        return code
                 elif not chief_done and name in servers:
                     if by_name[name].task_type == "worker" and self.restarts.get(name, 0) < MAX_WORKER_RESTARTS:
                         self.restarts[name] = self.restarts.get(name, 0) + 1
@@ -195,12 +202,17 @@ class Job:
                 chief_done = True
                 if servers:
                     self.say("training finished: stopping the servers")
-                    self.stop(servers)
+                    self.stop(servers, grace=self.grace)
                 if evaluators:
                     self.say("waiting for the evaluator's last evaluation")
             if chief_done and all(self.processes[n].poll() is not None for n in evaluators):
                 return max((self.processes[n].returncode for n in evaluators), default=0)
             time.sleep(0.2)
+
+
+def exit_code(returncode: int | None) -> int | None:
+    """A process killed by signal N reports 128 + N, as a shell (and a container) would."""
+    return 128 - returncode if returncode is not None and returncode < 0 else returncode
 
 
 def _signal(process: subprocess.Popen, signum: int) -> None:
@@ -222,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ps", type=lambda text: _bounded_int(text, 0), default=0, help="parameter servers")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator task")
     parser.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds (exit 124)")
+    parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_SECONDS,
+                        help="seconds between SIGTERM and SIGKILL when tasks are stopped, as a platform gives them")
     parser.add_argument("--work-dir", default=None,
                         help="per-task scratch dirs (TMPDIR, hypertune metrics); default a temp dir, removed at the end")
     parser.add_argument("task_args", nargs=argparse.REMAINDER, help="-- then trainer.task flags")
@@ -245,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, free_ports(cluster_size))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
-    job = Job(cluster, tasks, task_args, work_dir, parameter_server=bool(args.ps))
+    job = Job(cluster, tasks, task_args, work_dir, parameter_server=bool(args.ps), grace=args.grace_period)
     job.say(f"cluster {json.dumps(cluster)}; scratch in {work_dir}")
 
     def on_signal(signum, _frame):

@@ -104,8 +104,7 @@ def _run_role(config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, stra
 
     if cluster.is_chief:
         check_writable(config.model_dir, config.checkpoint_dir)
-    train.run(config, cluster, strategy_name)
-    return 0
+    return train.run(config, cluster, strategy_name)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, model as model_lib, outputs, precision, saving, sources, strategy as strategy_lib
+from trainer import callbacks, data, exits, model as model_lib, outputs, precision, preemption, saving, sources
+from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
@@ -52,7 +55,27 @@ def load_splits(config: TrainConfig) -> tuple[data.Split, data.Split | None]:
     return train, validation
 
 
-def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> None:
+# What a task sees when a peer of its collective is gone: the RPC fails at once, or the
+# collective is aborted or times out.
+LOST_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                    tf.errors.DeadlineExceededError)
+
+
+def error_summary(error: tf.errors.OpError) -> str:
+    """The informative line of a collective's error (TF puts "Graph execution error:" first)."""
+    lines = [line.strip() for line in (error.message or "").splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(("Graph execution error", "Detected at node", "File "))]
+    telling = next((line for line in lines if re.search(r"abort|unhealthy|connect|socket|unavailable|deadline", line, re.I)), None)
+    return (telling or (lines[0] if lines else type(error).__name__))[:200]
+
+
+def lost_peer(error: tf.errors.OpError) -> str:
+    """The peer a collective error names (`worker-1`), or "a peer task"."""
+    match = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", error.message or "")
+    return f"{match.group(1)}-{match.group(2)}" if match else "a peer task"
+
+
+def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
     strategy = strategy_lib.create(strategy_name, cluster)  # before any other TensorFlow op
     precision.apply(config.mixed_precision)  # before any model is built
     replicas = strategy.num_replicas_in_sync
@@ -88,9 +111,11 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> None:
         model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture)
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
 
+    # First, so that a resumed run starts at the step it reached.
+    backup = preemption.StepBackup(backup_dir(config), config.backup_every_steps, steps, cluster.is_chief)
     callback_list = [
-        # First, so that a resumed run starts at the epoch it reached.
-        tf.keras.callbacks.BackupAndRestore(backup_dir(config)),
+        backup,
+        preemption.SaveOnSigterm(backup, strategy),
         tf.keras.callbacks.ModelCheckpoint(checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
         callbacks.EpochLog(config.epochs),
@@ -98,13 +123,26 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> None:
     if cluster.is_chief:
         callback_list.append(callbacks.HypertuneReport(config.hypertune_metric))
 
-    model.fit(
-        train_dataset,
-        epochs=config.epochs,
-        steps_per_epoch=steps,
-        validation_data=validation_dataset,
-        validation_steps=validation_steps,
-        callbacks=callback_list,
-        verbose=2,
-    )
+    try:
+        model.fit(
+            train_dataset,
+            epochs=config.epochs,
+            steps_per_epoch=steps,
+            validation_data=validation_dataset,
+            validation_steps=validation_steps,
+            callbacks=callback_list,
+            verbose=2,
+        )
+    except preemption.Preempted as stop:
+        print(f"trainer.task: preempted (SIGTERM): saved a backup; a restart resumes at epoch {stop.epoch} "
+              f"step {stop.step} (exit {exits.RETRYABLE})", file=sys.stderr)
+        return exits.RETRYABLE
+    except LOST_PEER_ERRORS as error:
+        if not cluster.is_distributed:
+            raise
+        print(f"trainer.task: error: lost {lost_peer(error)} of this {strategy_name} job ({type(error).__name__}: "
+              f"{error_summary(error)}); a restart resumes at {backup.describe_resume()} (exit {exits.RETRYABLE})",
+              file=sys.stderr)
+        return exits.RETRYABLE
     saving.save_model(model, config.model_dir, cluster)
+    return exits.OK

@@ -22,14 +22,11 @@ import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, export, model as model_lib, precision, strategy as strategy_lib, train
+from trainer import callbacks, data, exits, export, model as model_lib, precision, preemption, strategy as strategy_lib, train
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
 log = logging.getLogger("trainer")
-
-# Exit code of a coordinator that lost a parameter server: distinct from configuration errors (2).
-EXIT_RESTART_NEEDED = 3
 
 
 def serve(cluster: Cluster) -> int:
@@ -81,8 +78,10 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
     log.info("variables sharded over ps: %s", describe_sharding(model))
 
+    # Epoch backups: tf-keras runs no batch hooks on a ParameterServer coordinator.
+    backup = preemption.StepBackup(train.backup_dir(config), None, steps, is_chief=True)
     callback_list = [
-        tf.keras.callbacks.BackupAndRestore(train.backup_dir(config)),
+        backup,
         tf.keras.callbacks.ModelCheckpoint(train.checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
         callbacks.EpochLog(config.epochs),
@@ -100,10 +99,11 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         first_line = (error.message or type(error).__name__).strip().splitlines()[0]
         print(
             f"trainer.task: error: lost a parameter server ({type(error).__name__}: {first_line[:200]}); "
-            f"the coordinator must be restarted: rerun the job and it resumes from {train.backup_dir(config)}",
+            f"the coordinator must be restarted: a restart resumes at {backup.describe_resume()} "
+            f"from {train.backup_dir(config)} (exit {exits.RETRYABLE})",
             file=sys.stderr,
         )
-        return EXIT_RESTART_NEEDED
+        return exits.RETRYABLE
     export.save_unsharded(config, train_split.num_classes, train.checkpoint_pattern(config).format(epoch=config.epochs))
     return 0
 

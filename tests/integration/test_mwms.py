@@ -112,22 +112,83 @@ def test_two_workers_train_the_real_resnet50(tmp_path, data_root):
     assert os.listdir(work / "worker-0" / "tmp") == []
 
 
-def test_preempted_job_resumes_at_the_epoch_it_reached(tmp_path, data_root):
-    args = ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--",
-            "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "3",
-            "--steps-per-epoch", "150", *SMALL_RUN, "--model-dir", str(tmp_path / "out" / "model")]
-    # Preemption: SIGTERM to the launcher stops every task at once, mid-epoch.
-    code, first = launch_until(args, r"^\[chief-0\] .*trainer: epoch 2/3 begins$",
-                               lambda so_far, launcher: launcher.send_signal(signal.SIGTERM))
-    assert epochs_begun(first) == [1, 2], first[-3000:]
-    assert "epoch 2/3 ends" not in first and code != 0
-    assert not (tmp_path / "out" / "model" / "saved_model.pb").exists()
+def backups_reported(output: str) -> list[tuple[int, int]]:
+    return [(int(e), int(s)) for e, s in
+            re.findall(r"^\[chief-0\] .*trainer: backup saved: a restart resumes at epoch (\d+) step (\d+)$", output, re.M)]
 
+
+def resumed_at(output: str, task: str = "chief-0") -> tuple[int, int] | None:
+    match = re.search(rf"^\[{task}\] .*trainer: resumed from backup at epoch (\d+) step (\d+)$", output, re.M)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def preemptible_args(tmp_path, data_root, every_steps: int):
+    return ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "20", "--",
+            "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "3", "--steps-per-epoch", "150",
+            *SMALL_RUN, "--model-dir", str(tmp_path / "out" / "model"), "--backup-every-steps", str(every_steps)]
+
+
+def rerun(args) -> subprocess.CompletedProcess:
     second = subprocess.run([sys.executable, "-m", "trainer.launch", *args], cwd=REPO, env=clean_env(),
                             capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-4000:]
-    assert epochs_begun(second.stdout) == [2, 3], "the rerun did not resume at epoch 2"
+    return second
+
+
+def test_killed_job_resumes_at_the_step_of_its_last_backup(tmp_path, data_root):
+    """The machine goes away mid-epoch (SIGTERM to the launcher kills every task at once, no
+    time to save): the rerun resumes at the newest step backup, losing fewer than N steps."""
+    every = 20
+    args = preemptible_args(tmp_path, data_root, every)
+    code, first = launch_until(args, r"^\[chief-0\] .*backup saved: a restart resumes at epoch 2 step [3-9]\d$",
+                               lambda so_far, launcher: launcher.send_signal(signal.SIGTERM))
+    assert code != 0 and "epoch 2/3 ends" not in first, first[-3000:]
+    newest = backups_reported(first)[-1]
+    assert newest[0] == 2 and newest[1] >= 30
+    assert not (tmp_path / "out" / "model" / "saved_model.pb").exists()
+
+    second = rerun(args)
+    epoch, step = resumed_at(second.stdout)
+    assert epoch == 2 and step >= newest[1], (newest, second.stdout[-2000:])  # never earlier than the newest backup
+    assert resumed_at(second.stdout, "worker-0") == (epoch, step)
+    assert epochs_begun(second.stdout) == [2, 3]
     assert (tmp_path / "out" / "model" / "saved_model.pb").exists()
+
+
+def test_sigterm_to_one_worker_saves_a_backup_on_every_task_and_exits_retryable(tmp_path, data_root):
+    """A Spot preemption: SIGTERM reaches one replica. Every task backs up at the same step and
+    exits 143, which Kubeflow's ExitCode policy retries; the rerun resumes exactly there."""
+    args = preemptible_args(tmp_path, data_root, 1000)  # no step backup would happen on its own
+    code, first = launch_until(args, r"^\[chief-0\] .*trainer: epoch 2/3 begins$",
+                               lambda so_far, _: os.kill(int(re.search(r"started worker-0 \(pid (\d+)\)", so_far).group(1)),
+                                                         signal.SIGTERM))
+    assert code == 143, first[-3000:]
+    saved = {}
+    for task in ("chief-0", "worker-0"):
+        match = re.search(rf"^\[{task}\] trainer.task: preempted \(SIGTERM\): saved a backup; a restart resumes at "
+                          rf"epoch (\d+) step (\d+) \(exit 143\)$", first, re.M)
+        assert match, first[-3000:]
+        saved[task] = (int(match.group(1)), int(match.group(2)))
+    assert saved["chief-0"] == saved["worker-0"] and saved["chief-0"][0] == 2
+    assert "task exit codes: chief-0=143 worker-0=143" in first
+
+    second = rerun(args)
+    assert resumed_at(second.stdout) == saved["chief-0"]
+
+
+def test_lost_worker_makes_the_chief_exit_retryable_with_one_line(tmp_path, data_root):
+    args = preemptible_args(tmp_path, data_root, 20)
+    code, first = launch_until(args, r"^\[chief-0\] .*backup saved: a restart resumes at epoch 2 step \d+$",
+                               lambda so_far, _: os.killpg(int(re.search(r"started worker-0 \(pid (\d+)\)", so_far).group(1)),
+                                                           signal.SIGKILL))
+    assert code == 137, first[-3000:]  # the first failure: worker-0, killed
+    newest = backups_reported(first)[-1]
+    errors = re.findall(r"^\[chief-0\] trainer.task: error: (.*)$", first, re.M)
+    assert len(errors) == 1, first[-3000:]
+    assert re.fullmatch(rf"lost worker-0 of this multi_worker_mirrored job \(\w+Error: .+\); a restart resumes at "
+                        rf"epoch {newest[0]} step {newest[1]} \(exit 143\)", errors[0]), errors[0]
+    assert "task exit codes: chief-0=143 worker-0=137" in first
+    assert "Traceback" not in first
 
 
 def test_a_failing_task_stops_the_job(tmp_path, data_root):
