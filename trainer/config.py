@@ -62,6 +62,7 @@ class TrainConfig:
     cache_images: str
     shuffle_buffer: int
     validation_steps: int | None
+    max_bad_examples: int
     # Model.
     weights: str
     architecture: str
@@ -172,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--shuffle-buffer", type=_positive_int, default=1024, help="examples in the shuffle buffer")
     data.add_argument(
+        "--max-bad-examples", type=_non_negative_int, default=100,
+        help="undecodable images each worker skips (naming each) in one pass over its data before "
+        "the job stops with exit 2: enough for a few broken uploads, while a job whose data is "
+        "mostly unreadable stops within seconds",
+    )
+    data.add_argument(
         "--validation-steps", type=_positive_int, default=None,
         help="validation batches per evaluation; by default the whole validation set",
     )
@@ -281,6 +288,7 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str], cluster: Clust
         cache_images=args.cache_images,
         shuffle_buffer=args.shuffle_buffer,
         validation_steps=args.validation_steps,
+        max_bad_examples=args.max_bad_examples,
         weights=args.weights,
         architecture=args.architecture,
         backup_every_steps=args.backup_every_steps or None,

@@ -14,12 +14,17 @@ Order of work, and why:
    so every epoch still sees a new order and new crops.
 
 Validation takes the same path with a centre crop and no shuffling.
+
+An image that cannot be decoded (not an image, or cut short) is skipped with a warning naming its
+example id; past `max_bad_examples` in one pass over a worker's share, the pipeline fails with an
+error that `too_many_bad_examples` recognises, and the job stops with one line (exit 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import tensorflow as tf
 
@@ -65,6 +70,7 @@ class PipelineOptions:
     shuffle_buffer: int = 1024
     seed: int | None = None
     trace_path: str | None = None  # append the ids of every batch produced here
+    max_bad_examples: int = 100  # undecodable images skipped per pass before the pipeline fails
 
 
 def sharding_mode(num_files: int, num_pipelines: int) -> str:
@@ -153,6 +159,64 @@ def _tfds_records(split: Split, context, shuffle_files: bool) -> tf.data.Dataset
     )
 
 
+TOO_MANY_BAD_EXAMPLES = "trainer: too many undecodable images"
+# The bytes a complete file ends with: JPEG's end-of-image marker (within its last KiB, as some
+# cameras append metadata), PNG's IEND chunk.
+_JPEG_TAIL_BYTES = 1024
+_PNG_END = b"IEND\xaeB`\x82"
+
+
+def looks_decodable(encoded: tf.Tensor) -> tf.Tensor:
+    """Whether `encoded` is a whole JPEG, PNG, GIF or BMP, from its first and last bytes only:
+    catches what goes wrong in practice (other files, truncated uploads) for a few microseconds,
+    where a decode that fails would stop the whole input pipeline."""
+    length = tf.strings.length(encoded)
+    tail = tf.io.decode_raw(tf.strings.substr(encoded, tf.maximum(length - _JPEG_TAIL_BYTES, 0), _JPEG_TAIL_BYTES),
+                            tf.uint8)
+    jpeg_ends = tf.reduce_any(tf.logical_and(tf.equal(tail[:-1], 0xFF), tf.equal(tail[1:], 0xD9)))
+    head = tf.strings.substr(encoded, 0, 8)
+    png = tf.logical_and(tf.equal(head, b"\x89PNG\r\n\x1a\n"),
+                         tf.equal(tf.strings.substr(encoded, tf.maximum(length - 8, 0), 8), _PNG_END))
+    other = tf.logical_or(tf.equal(tf.strings.substr(head, 0, 4), b"GIF8"), tf.equal(tf.strings.substr(head, 0, 2), b"BM"))
+    return tf.logical_or(tf.logical_and(tf.io.is_jpeg(encoded), jpeg_ends), tf.logical_or(png, other))
+
+
+def skip_undecodable(dataset: tf.data.Dataset, stored_size: int, max_bad: int, deterministic: bool) -> tf.data.Dataset:
+    """Decodes and resizes each record's image; drops (and names) the ones that cannot be."""
+
+    def decode(record):
+        ok = looks_decodable(record["image"])
+        image = tf.cond(ok, lambda: decode_resize(record["image"], stored_size),
+                        lambda: tf.zeros((stored_size, stored_size, 3), tf.uint8))
+        return {"image": image, "label": record["label"], "id": record["id"], "ok": ok}
+
+    def count(bad_so_far, record):
+        bad = bad_so_far + tf.cast(tf.logical_not(record["ok"]), tf.int64)
+
+        def warn():
+            with tf.control_dependencies([tf.print("trainer: skipping undecodable image", record["id"],
+                                                   output_stream=sys.stderr)]):
+                return tf.constant(0)
+
+        warned = tf.cond(record["ok"], lambda: tf.constant(0), warn)
+        within = tf.debugging.assert_less_equal(
+            bad, tf.constant(max_bad, tf.int64),
+            message=f"{TOO_MANY_BAD_EXAMPLES}: more than {max_bad} in one pass (--max-bad-examples)")
+        with tf.control_dependencies([warned, within]):
+            return bad, dict(record)
+
+    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    # An image that passes the check above but still fails to decode is dropped here, with
+    # TensorFlow's own warning. (Before the count: it would also swallow the count's error.)
+    dataset = dataset.ignore_errors(log_warning=True)
+    dataset = dataset.scan(tf.constant(0, tf.int64), count).filter(lambda r: r["ok"])
+    return dataset.map(lambda r: {k: v for k, v in r.items() if k != "ok"})
+
+
+def too_many_bad_examples(error: BaseException) -> bool:
+    return TOO_MANY_BAD_EXAMPLES in (getattr(error, "message", None) or str(error))
+
+
 def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     """Image bytes -> uint8 [size, size, 3].
 
@@ -206,11 +270,8 @@ def make_dataset(
     """This worker's batches of ({"image": uint8 NHWC}, label); training data repeats forever."""
     context = context or tf.distribute.InputContext()
     stored_size = stored_image_size(options.image_size)
-    dataset = records(split, context, options.training).map(
-        lambda r: {"image": decode_resize(r["image"], stored_size), "label": r["label"], "id": r["id"]},
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=not options.training,
-    )
+    dataset = skip_undecodable(records(split, context, options.training), stored_size, options.max_bad_examples,
+                               deterministic=not options.training)
     if options.cache:
         dataset = dataset.cache()
     if options.training:

@@ -8,22 +8,65 @@
 or in cassava's order when the names are cassava's) into one split, `--split` (train).
 Each split is written as `<split>-KKKKK-of-NNNNN.tfrecord` with examples dealt round-robin, so
 shards differ by at most one example and workers reading whole files get equal work.
+
+Every image is decoded before it is written: one that cannot be is skipped and named, and the
+summary counts them; with no readable image at all the command exits 2. Images that are not
+JPEG, or that would not pass the trainer's own check (trainer.data.looks_decodable), are
+re-encoded as JPEG. Long runs print their progress every few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from typing import Iterator, Sequence
+import time
+from typing import Callable, Iterable, Iterator, Sequence
 
 from trainer.synthetic import CLASS_NAMES
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
+PROGRESS_SECONDS = 10.0
+
+
+@dataclasses.dataclass
+class Tally:
+    written: int = 0
+    skipped: int = 0
+
+
+def readable(examples: Iterable[tuple[bytes, int, str]], split: str, tally: Tally,
+             say: Callable[[str], None] = print, progress_seconds: float = PROGRESS_SECONDS) -> Iterator[tuple[bytes, int, str]]:
+    """The examples whose image decodes, as JPEG; names every one skipped and reports progress."""
+    import tensorflow as tf
+
+    from trainer import data
+
+    started = last_report = time.monotonic()
+    for encoded, label, example_id in examples:
+        try:
+            image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+            if not bool(data.looks_decodable(tf.constant(encoded))) or not bool(tf.io.is_jpeg(encoded)):
+                encoded = tf.io.encode_jpeg(image, quality=95).numpy()
+        except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
+            tally.skipped += 1
+            reason = (error.message or type(error).__name__).strip().splitlines()[0][:120]
+            say(f"prepare: {split}: skipping {example_id}: not a readable image ({reason})")
+            continue
+        tally.written += 1
+        yield encoded, label, example_id
+        now = time.monotonic()
+        if now - last_report >= progress_seconds:
+            last_report = now
+            say(f"prepare: {split}: {tally.written:,} examples written, {tally.skipped} skipped "
+                f"({tally.written / (now - started):,.0f}/s)")
+
+
 def folder_examples(root: str) -> Iterator[tuple[bytes, int, str]]:
-    """(JPEG bytes, label, id) for every image under root/<class>/. Non-JPEGs are re-encoded."""
+    """(image bytes, label, id) for every image under root/<class>/, as stored."""
     import tensorflow as tf
 
     classes = sorted(d for d in tf.io.gfile.listdir(root) if tf.io.gfile.isdir(os.path.join(root, d)))
@@ -37,11 +80,7 @@ def folder_examples(root: str) -> Iterator[tuple[bytes, int, str]]:
             if not filename.lower().endswith(IMAGE_EXTENSIONS):
                 continue
             path = os.path.join(root, name, filename)
-            encoded = tf.io.gfile.GFile(path, "rb").read()
-            if not filename.lower().endswith((".jpg", ".jpeg")):
-                image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-                encoded = tf.io.encode_jpeg(image, quality=95).numpy()
-            yield encoded, label, f"{name}/{filename}"
+            yield tf.io.gfile.GFile(path, "rb").read(), label, f"{name}/{filename}"
 
 
 def tfds_examples(name: str, data_dir: str | None, split: str) -> Iterator[tuple[bytes, int, str]]:
@@ -77,17 +116,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from trainer import records
 
+    total = Tally()
     try:
         if scheme == "tfds":
             jobs = [(split, tfds_examples(value, args.data_dir, split)) for split in tfds_splits(value, args.data_dir)]
         else:
             jobs = [(args.split, folder_examples(value))]
         for split, examples in jobs:
-            paths, count = records.write_shards(examples, args.output, split, args.shards)
-            print(f"prepare: {split}: {count} examples in {len(paths)} files under {args.output}")
+            tally = Tally()
+            paths, count = records.write_shards(readable(examples, split, tally), args.output, split, args.shards)
+            print(f"prepare: {split}: {count} examples in {len(paths)} files under {args.output}; "
+                  f"{tally.skipped} unreadable images skipped", flush=True)
+            total.written += tally.written
+            total.skipped += tally.skipped
     except Exception as error:  # TFDS, gfile and decoding raise many types; one line for the user
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"trainer.prepare: error: {message}", file=sys.stderr)
+        return 2
+    if total.written == 0:
+        print(f"trainer.prepare: error: no readable image in {args.source} ({total.skipped} unreadable skipped)",
+              file=sys.stderr)
         return 2
     return 0
 

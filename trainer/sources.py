@@ -34,7 +34,11 @@ def load(spec: DatasetSpec, data_dir: str | None, split: str) -> Split:
         files = tuple(sorted(tf.io.gfile.glob(spec.value)))
         if not files:
             raise DataError(f"--dataset {spec}: the pattern matches no files")
-        return Split(name=split, num_examples=records.count_records(files), num_classes=NUM_CLASSES, files=files)
+        try:
+            num_examples = records.count_records(files)
+        except records.CorruptFile as error:
+            raise DataError(f"--dataset {spec}: {error}; upload it again or rerun trainer.prepare") from None
+        return Split(name=split, num_examples=num_examples, num_classes=NUM_CLASSES, files=files)
     return _tfds_split(spec.value, data_dir, split)
 
 

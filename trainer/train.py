@@ -3,6 +3,7 @@ one process. Each worker builds its own input pipeline over its own shard of the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -45,7 +46,21 @@ def pipeline_options(config: TrainConfig, split: data.Split, training: bool, num
         shuffle_buffer=config.shuffle_buffer,
         seed=config.seed,
         trace_path=trace_path,
+        max_bad_examples=config.max_bad_examples,
     )
+
+
+@contextlib.contextmanager
+def bad_data_stops_the_job(config: TrainConfig):
+    """The input pipeline's "too many undecodable images" becomes one line and exit 2."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        if not data.too_many_bad_examples(error):
+            raise
+        raise sources.DataError(
+            f"more than {config.max_bad_examples} undecodable images in one pass over this task's data "
+            f"(--max-bad-examples); the images skipped are named above") from None
 
 
 def load_splits(config: TrainConfig) -> tuple[data.Split, data.Split | None]:
@@ -124,15 +139,16 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         callback_list.append(callbacks.HypertuneReport(config.hypertune_metric))
 
     try:
-        model.fit(
-            train_dataset,
-            epochs=config.epochs,
-            steps_per_epoch=steps,
-            validation_data=validation_dataset,
-            validation_steps=validation_steps,
-            callbacks=callback_list,
-            verbose=2,
-        )
+        with bad_data_stops_the_job(config):
+            model.fit(
+                train_dataset,
+                epochs=config.epochs,
+                steps_per_epoch=steps,
+                validation_data=validation_dataset,
+                validation_steps=validation_steps,
+                callbacks=callback_list,
+                verbose=2,
+            )
     except preemption.Preempted as stop:
         print(f"trainer.task: preempted (SIGTERM): saved a backup; a restart resumes at epoch {stop.epoch} "
               f"step {stop.step} (exit {exits.RETRYABLE})", file=sys.stderr)

@@ -88,13 +88,14 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         callbacks.HypertuneReport(config.hypertune_metric),
     ]
     try:
-        model.fit(
-            tf.keras.utils.experimental.DatasetCreator(dataset_fn),
-            epochs=config.epochs,
-            steps_per_epoch=steps,
-            callbacks=callback_list,
-            verbose=2,
-        )
+        with train.bad_data_stops_the_job(config):
+            model.fit(
+                tf.keras.utils.experimental.DatasetCreator(dataset_fn),
+                epochs=config.epochs,
+                steps_per_epoch=steps,
+                callbacks=callback_list,
+                verbose=2,
+            )
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
         first_line = (error.message or type(error).__name__).strip().splitlines()[0]
         print(

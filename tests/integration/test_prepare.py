@@ -55,3 +55,71 @@ def test_bad_source_is_a_one_line_error(tmp_path, capsys):
     assert prepare.main(["--source", f"folder:{tmp_path / 'missing'}", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("trainer.prepare: error:") and err.count("\n") == 1
+
+
+def write_folder(root, images: dict[str, bytes]):
+    for relative, content in images.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(content)
+
+
+def jpeg(seed: int, size=(40, 50)) -> bytes:
+    return tf.io.encode_jpeg(np.random.default_rng(seed).integers(0, 255, size=(*size, 3), dtype=np.uint8)).numpy()
+
+
+def test_unreadable_images_are_skipped_named_and_counted(tmp_path, capsys):
+    good = jpeg(1)
+    write_folder(tmp_path / "images", {"cmd/ok.jpg": good, "cmd/cut.jpg": good[: len(good) // 2],
+                                       "healthy/ok.jpg": jpeg(2), "healthy/text.png": b"this is not a PNG"})
+    assert prepare.main(["--source", f"folder:{tmp_path / 'images'}", "--output", str(tmp_path / "out"), "--shards", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "prepare: train: skipping cmd/cut.jpg: not a readable image" in out
+    assert "prepare: train: skipping healthy/text.png: not a readable image" in out
+    assert "prepare: train: 2 examples in 2 files under" in out and "; 2 unreadable images skipped" in out
+    _, ids = read_back(str(tmp_path / "out" / "train-*.tfrecord"))
+    assert ids == {"cmd/ok.jpg": 0, "healthy/ok.jpg": 1}
+
+
+def test_nothing_readable_exits_2(tmp_path, capsys):
+    write_folder(tmp_path / "images", {"cmd/a.jpg": b"\xff\xd8\xff garbage", "healthy/b.jpg": b"nope"})
+    assert prepare.main(["--source", f"folder:{tmp_path / 'images'}", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"trainer.prepare: error: no readable image in folder:{tmp_path / 'images'} (2 unreadable skipped)\n"
+
+
+def test_progress_is_reported_on_long_runs(tmp_path):
+    lines = []
+    examples = [(jpeg(i, (8, 8)), 0, f"id-{i}") for i in range(5)]
+    tally = prepare.Tally()
+    assert len(list(prepare.readable(examples, "train", tally, say=lines.append, progress_seconds=0))) == 5
+    assert lines[-1].startswith("prepare: train: 5 examples written, 0 skipped (") and lines[-1].endswith("/s)")
+
+
+def test_a_truncated_tfrecord_file_is_named_before_training(tmp_path):
+    paths, _ = records.write_shards([(jpeg(i), 0, f"id-{i}") for i in range(6)], str(tmp_path), "train", 2)
+    data_bytes = open(paths[1], "rb").read()
+    open(paths[1], "wb").write(data_bytes[:-100])  # a half-finished upload
+    with pytest.raises(sources.DataError, match=rf"^--dataset tfrecord:.*: {paths[1]} is truncated or corrupt \(DataLossError"):
+        sources.load(DatasetSpec("tfrecord", str(tmp_path / "train-*.tfrecord")), None, "train")
+
+
+def corrupt_split(tmp_path, bad: int):
+    good = jpeg(0)
+    examples = [(jpeg(i), i % 5, f"good-{i}") for i in range(6)]
+    examples += [(good[: len(good) // 3], 0, f"cut-{i}") for i in range(bad)]
+    paths, count = records.write_shards(examples, str(tmp_path), "train", 1)
+    return data.Split("train", count, 5, tuple(paths))
+
+
+def test_undecodable_images_are_skipped_while_training(tmp_path):
+    split = corrupt_split(tmp_path, bad=2)
+    options = data.PipelineOptions(image_size=16, per_replica_batch_size=4, training=False, cache=False, max_bad_examples=2)
+    assert sum(label.shape[0] for _, label in data.make_dataset(split, options)) == 6
+
+
+def test_too_many_undecodable_images_stop_the_pipeline(tmp_path):
+    split = corrupt_split(tmp_path, bad=3)
+    options = data.PipelineOptions(image_size=16, per_replica_batch_size=4, training=False, cache=False, max_bad_examples=2)
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        list(data.make_dataset(split, options))
+    assert data.too_many_bad_examples(raised.value)

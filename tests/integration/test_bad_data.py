@@ -1,0 +1,55 @@
+"""Messy data through the real entry point: trainer.task skips what it cannot decode, names it,
+and stops with one line and exit 2 when there is too much of it or a file is broken."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import trainer  # noqa: F401
+import tensorflow as tf
+
+from helpers import run_module
+from trainer import records
+
+SMALL_RUN = ["--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32", "--architecture", "small",
+             "--weights", "none", "--per-replica-batch-size", "4"]
+
+
+def write_dataset(directory, bad: int, shards: int = 2) -> str:
+    rng = np.random.default_rng(0)
+    good = [tf.io.encode_jpeg(rng.integers(0, 255, size=(48, 48, 3), dtype=np.uint8)).numpy() for _ in range(16)]
+    examples = [(image, i % 5, f"good-{i}") for i, image in enumerate(good)]
+    examples += [(good[0][: len(good[0]) // 2], 1, f"broken-{i}") for i in range(bad)]
+    records.write_shards(examples, str(directory), "train", shards)
+    return f"tfrecord:{directory}/train-*.tfrecord"
+
+
+def train(tmp_path, dataset: str, *args):
+    return run_module("trainer.task", "--dataset", dataset, *SMALL_RUN, "--model-dir", str(tmp_path / "model"), *args)
+
+
+def test_a_corrupt_image_is_skipped_with_its_id_and_training_goes_on(tmp_path):
+    result = train(tmp_path, write_dataset(tmp_path / "data", bad=1))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'trainer: skipping undecodable image "broken-0"' in result.stderr
+    assert (tmp_path / "model" / "saved_model.pb").exists()
+
+
+def test_too_many_corrupt_images_stop_the_job_with_one_line_and_exit_2(tmp_path):
+    result = train(tmp_path, write_dataset(tmp_path / "data", bad=4), "--max-bad-examples", "3")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
+    assert errors == ["trainer.task: error: more than 3 undecodable images in one pass over this task's data "
+                      "(--max-bad-examples); the images skipped are named above"]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_truncated_file_is_named_before_training_starts(tmp_path):
+    dataset = write_dataset(tmp_path / "data", bad=0)
+    path = tmp_path / "data" / records.shard_name("train", 1, 2)
+    path.write_bytes(path.read_bytes()[:-500])
+    result = train(tmp_path, dataset)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
+    assert len(errors) == 1 and f"{path} is truncated or corrupt (DataLossError" in errors[0], result.stderr[-2000:]
+    assert "epoch 1/1 begins" not in result.stderr and "Traceback" not in result.stderr
