@@ -19,10 +19,6 @@ STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "one_device", "parame
 CACHE_MODES = ("auto", "always", "never")
 DATASET_SCHEMES = ("tfds", "tfrecord", "synthetic")
 ARCHITECTURES = ("resnet50", "small")
-# A backup of ResNet50's training state (weights and Adam's two slots, about 300 MB) took about
-# 1 s on local disk and a few seconds to Cloud Storage; 100 steps are minutes of work on CPUs and
-# 30-60 s on one GPU, so the backups cost a few percent and a preemption loses at most that.
-DEFAULT_BACKUP_EVERY_STEPS = 100
 
 
 class ConfigError(ValueError):
@@ -66,7 +62,7 @@ class TrainConfig:
     # Model.
     weights: str
     architecture: str
-    # Preemption: back up every N steps (None: every epoch).
+    # Preemption: back up every N steps; 0: every epoch; None: auto (trainer.preemption).
     backup_every_steps: int | None
     # Outputs, already specific to this trial.
     model_dir: str
@@ -99,6 +95,10 @@ def _positive_int(text: str) -> int:
 
 def _non_negative_int(text: str) -> int:
     return 0 if text.strip() in ("0", "0.0") else _positive_int(text)
+
+
+def _backup_every(text: str) -> int | None:
+    return None if text == "auto" else _non_negative_int(text)
 
 
 def _positive_float(text: str) -> float:
@@ -196,9 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     faults = parser.add_argument_group("preemption")
     faults.add_argument(
-        "--backup-every-steps", type=_non_negative_int, default=DEFAULT_BACKUP_EVERY_STEPS,
-        help="synchronous jobs back up the training state every N steps, so a preempted job loses "
-        "at most N steps; 0: once per epoch (ParameterServer jobs always back up per epoch)",
+        "--backup-every-steps", type=_backup_every, default="auto",
+        help="synchronous jobs back up the training state every N steps, so a job killed without "
+        "warning loses fewer than N steps (on SIGTERM they save at once). auto: when 50 times "
+        "the last backup's duration has passed (at least a minute), so backups cost about 2%% of "
+        "the time on any device; 0: once per epoch. ParameterServer jobs back up per epoch",
     )
 
     out = parser.add_argument_group("outputs")
@@ -291,7 +293,7 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str], cluster: Clust
         max_bad_examples=args.max_bad_examples,
         weights=args.weights,
         architecture=args.architecture,
-        backup_every_steps=args.backup_every_steps or None,
+        backup_every_steps=args.backup_every_steps,
         model_dir=dirs.model_dir,
         checkpoint_dir=dirs.checkpoint_dir,
         tensorboard_dir=dirs.tensorboard_dir,

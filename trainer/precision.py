@@ -123,6 +123,14 @@ def apply(requested: str) -> str:
     choice = choose(requested, local_devices())
     if choice.warning:
         log.warning("%s", choice.warning)
-    tf.keras.mixed_precision.set_global_policy(choice.policy)
+    # Keras checks the devices too and logs a three-line warning for mixed_float16 without a GPU;
+    # the line above has said it once already, with the reason.
+    keras_log = logging.getLogger("tensorflow")
+    level = keras_log.level
+    keras_log.setLevel(logging.ERROR)
+    try:
+        tf.keras.mixed_precision.set_global_policy(choice.policy)
+    finally:
+        keras_log.setLevel(level)
     log.info("precision: %s (%s)", choice.policy, choice.reason)
     return choice.policy

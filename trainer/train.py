@@ -127,10 +127,11 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
 
     # First, so that a resumed run starts at the step it reached.
-    backup = preemption.StepBackup(backup_dir(config), config.backup_every_steps, steps, cluster.is_chief)
+    backup = preemption.StepBackup(backup_dir(config), config.backup_every_steps, steps, cluster.is_chief,
+                                   per_epoch=config.backup_every_steps == 0)
     callback_list = [
         backup,
-        preemption.SaveOnSigterm(backup, strategy),
+        preemption.StepAgreement(backup, strategy, cluster.is_chief),
         tf.keras.callbacks.ModelCheckpoint(checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
         callbacks.EpochLog(config.epochs),

@@ -79,7 +79,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     log.info("variables sharded over ps: %s", describe_sharding(model))
 
     # Epoch backups: tf-keras runs no batch hooks on a ParameterServer coordinator.
-    backup = preemption.StepBackup(train.backup_dir(config), None, steps, is_chief=True)
+    backup = preemption.StepBackup(train.backup_dir(config), None, steps, is_chief=True, per_epoch=True)
     callback_list = [
         backup,
         tf.keras.callbacks.ModelCheckpoint(train.checkpoint_pattern(config), save_weights_only=True),

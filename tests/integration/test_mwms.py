@@ -114,7 +114,7 @@ def test_two_workers_train_the_real_resnet50(tmp_path, data_root):
 
 def backups_reported(output: str) -> list[tuple[int, int]]:
     return [(int(e), int(s)) for e, s in
-            re.findall(r"^\[chief-0\] .*trainer: backup saved: a restart resumes at epoch (\d+) step (\d+)$", output, re.M)]
+            re.findall(r"^\[chief-0\] .*trainer: backup saved in \d+\.\ds: a restart resumes at epoch (\d+) step (\d+)$", output, re.M)]
 
 
 def resumed_at(output: str, task: str = "chief-0") -> tuple[int, int] | None:
@@ -140,7 +140,7 @@ def test_killed_job_resumes_at_the_step_of_its_last_backup(tmp_path, data_root):
     time to save): the rerun resumes at the newest step backup, losing fewer than N steps."""
     every = 20
     args = preemptible_args(tmp_path, data_root, every)
-    code, first = launch_until(args, r"^\[chief-0\] .*backup saved: a restart resumes at epoch 2 step [3-9]\d$",
+    code, first = launch_until(args, r"^\[chief-0\] .*backup saved in \d+\.\ds: a restart resumes at epoch 2 step [3-9]\d$",
                                lambda so_far, launcher: launcher.send_signal(signal.SIGTERM))
     assert code != 0 and "epoch 2/3 ends" not in first, first[-3000:]
     newest = backups_reported(first)[-1]
@@ -178,7 +178,7 @@ def test_sigterm_to_one_worker_saves_a_backup_on_every_task_and_exits_retryable(
 
 def test_lost_worker_makes_the_chief_exit_retryable_with_one_line(tmp_path, data_root):
     args = preemptible_args(tmp_path, data_root, 20)
-    code, first = launch_until(args, r"^\[chief-0\] .*backup saved: a restart resumes at epoch 2 step \d+$",
+    code, first = launch_until(args, r"^\[chief-0\] .*backup saved in \d+\.\ds: a restart resumes at epoch 2 step \d+$",
                                lambda so_far, _: os.killpg(int(re.search(r"started worker-0 \(pid (\d+)\)", so_far).group(1)),
                                                            signal.SIGKILL))
     assert code == 137, first[-3000:]  # the first failure: worker-0, killed

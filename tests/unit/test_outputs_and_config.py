@@ -117,3 +117,16 @@ def test_launcher_tf_configs_resolve_to_each_task():
     resolved = [resolve({"TF_CONFIG": launch.tf_config(cluster, task)}) for task in tasks]
     assert [r.is_chief for r in resolved] == [True, False, False, False, False]
     assert {r.num_ps for r in resolved} == {1}
+
+
+def test_backup_every_steps_is_auto_by_default_zero_per_epoch_or_a_count():
+    from trainer import config as config_lib
+    from trainer.cluster import resolve
+
+    cluster = resolve({})
+    parse = lambda *argv: config_lib.parse(list(argv), {}, cluster).backup_every_steps  # noqa: E731
+    assert parse() is None  # auto
+    assert parse("--backup-every-steps", "0") == 0
+    assert parse("--backup-every-steps", "250") == 250
+    with pytest.raises(SystemExit):
+        parse("--backup-every-steps", "-5")
