@@ -85,6 +85,17 @@ class StepBackup(tf.keras.callbacks.BackupAndRestore):
             log.info("resumed from backup at epoch %d step %d", *self.last)
         self.finished_at = time.monotonic()
 
+    def on_train_end(self, logs=None):
+        # tf-keras gives every non-chief task a scratch directory beside the backup
+        # (`workertemp_<id>`), creates it at the start and removes it only after one of its own
+        # backups; the chief then deletes only its own. A run with no backup would leave the
+        # scratch directory in the bucket, so each task removes its own here.
+        state = self._training_state
+        scratch = state.write_checkpoint_manager.directory
+        super().on_train_end(logs)
+        if state.write_checkpoint_manager is not state.read_checkpoint_manager and tf.io.gfile.exists(scratch):
+            tf.io.gfile.rmtree(scratch)
+
     def _backup(self, epoch, batch=0):
         started = time.monotonic()
         super()._backup(epoch=epoch, batch=batch)
