@@ -6,14 +6,16 @@ Order of work, and why:
    many files as input pipelines; otherwise it keeps every N-th record right after reading, still
    before decoding. Decoding everything and keeping 1/N (tf.data's DATA policy) wastes (N-1)/N of
    the most expensive step.
-2. Decode and resize once, into uint8. JPEGs much larger than the target are decoded at a reduced
-   DCT scale (`ratio`), which is nearly free and visually exact. Casting and normalising happen on
-   the device, in the model's first layer, so the host ships a quarter of float32's bytes.
-3. Cache the decoded, resized images in memory when they fit, so later epochs skip decoding.
-4. Shuffle and augment after the cache (a random crop from a slightly larger image, and flips),
-   so every epoch still sees a new order and new crops.
-
-Validation takes the same path with a centre crop and no shuffling.
+2. Decode and resize once, to the model's input size, in uint8: `decode_resize`, the one
+   preprocessing function. Validation, the exported model's serving signature and
+   `trainer.predict` call the same function, so what a model is served is what it was validated
+   on. JPEGs much larger than the target are decoded at a reduced DCT scale, which is nearly free
+   and visually exact. Casting and normalising happen on the device, in the model's first layer,
+   so the host ships a quarter of float32's bytes.
+3. Cache the decoded images in memory when they fit, so later epochs skip decoding.
+4. Shuffle after the cache, so every epoch still sees a new order. Augmentation (random crops
+   and flips) is not done here: it is layers at the front of the model (trainer.model), which
+   run on the accelerator and only in training.
 
 An image that cannot be decoded (not an image, or cut short) is skipped with a warning naming its
 example id; past `max_bad_examples` in one pass over a worker's share, the pipeline fails with an
@@ -28,8 +30,6 @@ import sys
 
 import tensorflow as tf
 
-# Training images are cached this much larger than --image-size, then randomly cropped to it.
-CROP_MARGIN = 8 / 7
 # --cache-images auto caches when the estimate fits in this fraction of available memory.
 CACHE_MEMORY_FRACTION = 0.25
 
@@ -50,11 +50,15 @@ class Split:
 
     name: str
     num_examples: int
-    num_classes: int
+    class_names: tuple[str, ...]  # label i is class_names[i]
     files: tuple[str, ...] = ()
     tfds_name: str | None = None
     tfds_data_dir: str | None = None
     tfds_num_files: int = 0
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
     @property
     def num_files(self) -> int:
@@ -78,18 +82,11 @@ def sharding_mode(num_files: int, num_pipelines: int) -> str:
     return "FILE" if num_pipelines <= 1 or num_files >= num_pipelines else "DATA"
 
 
-def stored_image_size(image_size: int) -> int:
-    """Side of the decoded images kept (and cached): larger than the model's input, so that
-    training's random crop has room to move; validation crops the centre of the same size."""
-    return max(image_size, round(image_size * CROP_MARGIN))
-
-
 def should_cache(mode: str, num_examples: int, image_size: int, num_pipelines: int) -> bool:
     """--cache-images: always, never, or auto (when this worker's share fits in memory)."""
     if mode != "auto":
         return mode == "always"
-    side = stored_image_size(image_size)
-    estimate = (num_examples / max(num_pipelines, 1)) * side * side * 3
+    estimate = (num_examples / max(num_pipelines, 1)) * image_size * image_size * 3
     return estimate < CACHE_MEMORY_FRACTION * available_memory_bytes()
 
 
@@ -181,13 +178,13 @@ def looks_decodable(encoded: tf.Tensor) -> tf.Tensor:
     return tf.logical_or(tf.logical_and(tf.io.is_jpeg(encoded), jpeg_ends), tf.logical_or(png, other))
 
 
-def skip_undecodable(dataset: tf.data.Dataset, stored_size: int, max_bad: int, deterministic: bool) -> tf.data.Dataset:
+def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, deterministic: bool) -> tf.data.Dataset:
     """Decodes and resizes each record's image; drops (and names) the ones that cannot be."""
 
     def decode(record):
         ok = looks_decodable(record["image"])
-        image = tf.cond(ok, lambda: decode_resize(record["image"], stored_size),
-                        lambda: tf.zeros((stored_size, stored_size, 3), tf.uint8))
+        image = tf.cond(ok, lambda: decode_resize(record["image"], image_size),
+                        lambda: tf.zeros((image_size, image_size, 3), tf.uint8))
         return {"image": image, "label": record["label"], "id": record["id"], "ok": ok}
 
     def count(bad_so_far, record):
@@ -251,44 +248,18 @@ def _decode_jpeg_for(encoded: tf.Tensor, size: int) -> tf.Tensor:
     )
 
 
-def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
-    offset = (tf.shape(image)[0] - size) // 2
-    return image[offset : offset + size, offset : offset + size, :]
-
-
-def augment(image: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor:
-    """A random `size` crop and random flips, all exact on uint8 (no resampling)."""
-    seeds = tf.random.experimental.stateless_split(seed, 3)
-    image = tf.image.stateless_random_crop(image, (size, size, 3), seed=seeds[0])
-    image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
-    return tf.image.stateless_random_flip_up_down(image, seed=seeds[2])
-
-
 def make_dataset(
     split: Split, options: PipelineOptions, context: tf.distribute.InputContext | None = None
 ) -> tf.data.Dataset:
     """This worker's batches of ({"image": uint8 NHWC}, label); training data repeats forever."""
     context = context or tf.distribute.InputContext()
-    stored_size = stored_image_size(options.image_size)
-    dataset = skip_undecodable(records(split, context, options.training), stored_size, options.max_bad_examples,
+    dataset = skip_undecodable(records(split, context, options.training), options.image_size, options.max_bad_examples,
                                deterministic=not options.training)
     if options.cache:
         dataset = dataset.cache()
     if options.training:
         dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed, reshuffle_each_iteration=True)
         dataset = dataset.repeat()
-        # Stateless ops seeded per element: reproducible with --seed, independent across workers.
-        seeds = tf.data.Dataset.random(seed=options.seed).batch(2)
-        dataset = tf.data.Dataset.zip((dataset, seeds)).map(
-            lambda r, s: {**r, "image": augment(r["image"], options.image_size, s)},
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=False,
-        )
-    else:
-        dataset = dataset.map(
-            lambda r: {**r, "image": center_crop(r["image"], options.image_size)},
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
     batch_size = context.get_per_replica_batch_size(
         options.per_replica_batch_size * context.num_replicas_in_sync
     )

@@ -1,7 +1,9 @@
-"""The classifier: ResNet50 without its top, average pooling, a dense head.
+"""The classifier: augmentation, ResNet50 without its top, average pooling, a dense head.
 
-The model takes uint8 images and does the cast and ResNet50's normalisation itself, on the
-device: the input pipeline ships a quarter of the bytes float32 would need.
+The model takes uint8 images at its input size, exactly as `trainer.data.decode_resize` makes
+them, and does everything else itself, on the device: the cast and ResNet50's normalisation,
+then, in training only, a random crop and flips. The input pipeline ships a quarter of the bytes
+float32 would need and caches images at the size the model takes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import tensorflow as tf
 HEAD_UNITS = 1024
 # ResNet50's ImageNet preprocessing ("caffe" mode): BGR channel order, mean subtracted.
 IMAGENET_BGR_MEAN = (103.939, 116.779, 123.68)
+# Training crops this fraction of each side at a random place and scales it back up.
+CROP_FRACTION = 7 / 8
 
 
 @tf.keras.utils.register_keras_serializable(package="trainer")
@@ -22,10 +26,49 @@ class ResNetPreprocess(tf.keras.layers.Layer):
         return images - tf.constant(IMAGENET_BGR_MEAN, dtype=self.compute_dtype)
 
 
-def build(num_classes: int, image_size: int, weights: str, architecture: str = "resnet50") -> tf.keras.Model:
+@tf.keras.utils.register_keras_serializable(package="trainer")
+class RandomCropFlip(tf.keras.layers.Layer):
+    """In training, each image becomes a random square crop of `crop_fraction` of its side,
+    flipped left-right and up-down at random, resized back to the input size; otherwise the
+    layer passes images through untouched, so evaluation and serving see the whole image.
+
+    The crop and the flips are one gather of rows and columns (a flip reverses their order),
+    then a bilinear resize: both compile under XLA (tf.image.crop_and_resize does not) and
+    run on whatever device trains. The random numbers are stateless, seeded from the batch's
+    own pixels and the layer's seed: reproducible, different for every batch and every replica,
+    with no state to keep in step across workers, and XLA keeps its seed (it ignores the seed of
+    stateful random ops).
+    """
+
+    def __init__(self, crop_fraction: float = CROP_FRACTION, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.crop_fraction = crop_fraction
+        self.seed = seed
+
+    def call(self, images, training=None):
+        if not training:
+            return images
+        batch, size = tf.shape(images)[0], images.shape[1]
+        crop = max(1, round(size * self.crop_fraction))
+        pixels = tf.bitcast(tf.reduce_sum(tf.cast(images, tf.float32)), tf.int32)
+        seed = tf.stack([pixels, tf.constant(self.seed, tf.int32)])
+        offsets = tf.random.stateless_uniform([batch, 2], seed, 0, size - crop + 1, dtype=tf.int32)
+        flips = tf.random.stateless_uniform([batch, 2], seed + 1, 0, 2, dtype=tf.int32) == 1
+        steps = tf.range(crop)
+        rows = offsets[:, :1] + tf.where(flips[:, :1], crop - 1 - steps, steps)
+        columns = offsets[:, 1:] + tf.where(flips[:, 1:], crop - 1 - steps, steps)
+        cropped = tf.gather(tf.gather(images, rows, axis=1, batch_dims=1), columns, axis=2, batch_dims=1)
+        return tf.cast(tf.image.resize(cropped, (size, size), method="bilinear"), self.compute_dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "crop_fraction": self.crop_fraction, "seed": self.seed}
+
+
+def build(num_classes: int, image_size: int, weights: str, architecture: str = "resnet50", seed: int = 0) -> tf.keras.Model:
     """`weights`: "imagenet", "none" or a path to a ResNet50 (no-top) weights file."""
     images = tf.keras.Input(shape=(image_size, image_size, 3), dtype=tf.uint8, name="image")
     x = ResNetPreprocess(name="preprocess")(images)
+    x = RandomCropFlip(seed=seed, name="augment")(x)
     if architecture == "resnet50":
         base = tf.keras.applications.ResNet50(
             include_top=False,

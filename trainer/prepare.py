@@ -4,10 +4,14 @@
     python -m trainer.prepare --source folder:/path/to/images --output /data/cassava --shards 8
 
 `tfds:NAME` runs TFDS's download_and_prepare into --data-dir and rewrites every split it has.
-`folder:PATH` reads PATH/<class>/<image> (one subfolder per class, classes in sorted order,
-or in cassava's order when the names are cassava's) into one split, `--split` (train).
+`folder:PATH` reads PATH/<class>/<image> (one subfolder per class, any number of classes, in
+sorted order, or in cassava's order when the names are cassava's) into one split, `--split`
+(train); run it again with another --split and folder for validation data.
 Each split is written as `<split>-KKKKK-of-NNNNN.tfrecord` with examples dealt round-robin, so
-shards differ by at most one example and workers reading whole files get equal work.
+shards differ by at most one example and workers reading whole files get equal work. Beside
+them, `dataset.json` (trainer.records) names the classes in label order and counts each split;
+the trainer reads the classes from it. An output directory whose dataset.json names other
+classes is refused before anything is written.
 
 Every image is decoded before it is written: one that cannot be is skipped and named, and the
 summary counts them; with no readable image at all the command exits 2. Images that are not
@@ -24,7 +28,7 @@ import sys
 import time
 from typing import Callable, Iterable, Iterator, Sequence
 
-from trainer.synthetic import CLASS_NAMES
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TensorFlow loads: no INFO banners
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
@@ -65,16 +69,23 @@ def readable(examples: Iterable[tuple[bytes, int, str]], split: str, tally: Tall
                 f"({tally.written / (now - started):,.0f}/s)")
 
 
-def folder_examples(root: str) -> Iterator[tuple[bytes, int, str]]:
+def folder_classes(root: str) -> list[str]:
+    """The class subfolders of root in label order: sorted, or cassava's order when the names
+    are cassava's (so labels match TFDS cassava's)."""
+    import tensorflow as tf
+
+    from trainer.records import CASSAVA_CLASS_NAMES
+
+    classes = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(root) if tf.io.gfile.isdir(os.path.join(root, d)))
+    if not classes:
+        raise ValueError(f"folder:{root}: no class subfolders (expected {root}/<class>/<image>)")
+    return list(CASSAVA_CLASS_NAMES) if sorted(classes) == sorted(CASSAVA_CLASS_NAMES) else classes
+
+
+def folder_examples(root: str, classes: Sequence[str]) -> Iterator[tuple[bytes, int, str]]:
     """(image bytes, label, id) for every image under root/<class>/, as stored."""
     import tensorflow as tf
 
-    classes = sorted(d for d in tf.io.gfile.listdir(root) if tf.io.gfile.isdir(os.path.join(root, d)))
-    classes = [c.rstrip("/") for c in classes]
-    if not classes:
-        raise ValueError(f"folder:{root}: no class subfolders")
-    if sorted(classes) == sorted(CLASS_NAMES):
-        classes = list(CLASS_NAMES)  # keep TFDS cassava's label numbers
     for label, name in enumerate(classes):
         for filename in sorted(tf.io.gfile.listdir(os.path.join(root, name))):
             if not filename.lower().endswith(IMAGE_EXTENSIONS):
@@ -92,18 +103,20 @@ def tfds_examples(name: str, data_dir: str | None, split: str) -> Iterator[tuple
         yield example["image"], int(example["label"]), example["image/filename"].decode()
 
 
-def tfds_splits(name: str, data_dir: str | None) -> list[str]:
+def tfds_source(name: str, data_dir: str | None) -> tuple[list[str], list[str]]:
+    """(splits, class names) of a TFDS dataset, prepared in data_dir."""
     import tensorflow_datasets as tfds
 
     builder = tfds.builder(name, data_dir=data_dir)
     builder.download_and_prepare()
-    return sorted(builder.info.splits) or ["train"]  # mocked builders list no splits
+    splits = sorted(builder.info.splits) or ["train"]  # mocked builders list no splits
+    return splits, list(builder.info.features["label"].names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.prepare", description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="tfds:NAME or folder:PATH")
-    parser.add_argument("--output", required=True, help="directory for the TFRecords (gs:// allowed)")
+    parser.add_argument("--output", required=True, help="directory for the TFRecords and dataset.json (gs:// allowed)")
     parser.add_argument("--shards", type=int, default=16, help="files per split")
     parser.add_argument("--data-dir", default=None, help="TFDS data dir for tfds: sources (gs:// allowed)")
     parser.add_argument("--split", default="train", help="split name for folder: sources")
@@ -119,12 +132,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = Tally()
     try:
         if scheme == "tfds":
-            jobs = [(split, tfds_examples(value, args.data_dir, split)) for split in tfds_splits(value, args.data_dir)]
+            splits, class_names = tfds_source(value, args.data_dir)
+            jobs = [(split, tfds_examples(value, args.data_dir, split)) for split in splits]
         else:
-            jobs = [(args.split, folder_examples(value))]
+            class_names = folder_classes(value)
+            jobs = [(args.split, folder_examples(value, class_names))]
+        existing = records.read_metadata(args.output)
+        if existing is not None and existing.class_names != tuple(class_names):
+            # Before any shard is written: another dataset's labels would change meaning.
+            raise records.MetadataError(
+                f"{records.metadata_path(args.output)} describes classes {', '.join(existing.class_names)}, not "
+                f"{', '.join(class_names)}; write this dataset to another directory")
+        print(f"prepare: {len(class_names)} classes: {', '.join(class_names)}", flush=True)
         for split, examples in jobs:
             tally = Tally()
             paths, count = records.write_shards(readable(examples, split, tally), args.output, split, args.shards)
+            records.write_metadata(args.output, class_names, split, count, len(paths))
             print(f"prepare: {split}: {count} examples in {len(paths)} files under {args.output}; "
                   f"{tally.skipped} unreadable images skipped", flush=True)
             total.written += tally.written
@@ -137,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainer.prepare: error: no readable image in {args.source} ({total.skipped} unreadable skipped)",
               file=sys.stderr)
         return 2
+    print(f"prepare: wrote {records.metadata_path(args.output)}", flush=True)
     return 0
 
 

@@ -1,16 +1,33 @@
-"""The on-disk format every prepared dataset uses: sharded TFRecords of JPEG + label + id.
+"""The on-disk format every prepared dataset uses: sharded TFRecords of JPEG + label + id, and a
+`dataset.json` beside them that says what the labels mean.
 
 Files are named `{split}-{index:05d}-of-{count:05d}.tfrecord`, and examples are dealt out
 round-robin, so shard sizes differ by at most one and FILE sharding gives workers equal work.
+
+`dataset.json` (format version 1):
+
+    {"format_version": 1, "class_names": ["cbb", "cbsd", ...], "image_format": "jpeg",
+     "splits": {"train": {"examples": 17112, "shards": 16}, "validation": {...}}}
+
+`class_names` is in label order: label i is class_names[i]. Shards without it are read as
+cassava's five classes, as they were before the file existed.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import json
 import re
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import tensorflow as tf
+
+# What shards without a dataset.json hold: cassava, in TFDS's label order.
+CASSAVA_CLASS_NAMES = ("cbb", "cbsd", "cgm", "cmd", "healthy")
+METADATA_FILE = "dataset.json"
+FORMAT_VERSION = 1
+IMAGE_FORMAT = "jpeg"
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -44,6 +61,65 @@ def write_shards(
     return paths, count
 
 
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """What a directory of shards holds, from its dataset.json."""
+
+    class_names: tuple[str, ...]
+    splits: dict  # split -> {"examples": N, "shards": M}
+    image_format: str = IMAGE_FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps({"format_version": self.format_version, "class_names": list(self.class_names),
+                           "image_format": self.image_format, "splits": self.splits}, indent=2, sort_keys=True) + "\n"
+
+
+class MetadataError(ValueError):
+    """A dataset.json that cannot be used. str() is one line naming the file."""
+
+
+def metadata_path(directory: str) -> str:
+    return f"{directory.rstrip('/')}/{METADATA_FILE}"
+
+
+def read_metadata(directory: str) -> Metadata | None:
+    """The directory's dataset.json, or None when it has none."""
+    path = metadata_path(directory)
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path) as handle:
+            raw = json.loads(handle.read())
+        version = raw["format_version"]
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise MetadataError(f"{path}: format version {version!r} is newer than this trainer reads "
+                                f"({FORMAT_VERSION}); use the trainer that wrote it")
+        names = raw["class_names"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise MetadataError(f"{path}: class_names must be a non-empty list of names")
+        if len(set(names)) != len(names):
+            raise MetadataError(f"{path}: class_names repeats a name")
+        return Metadata(tuple(names), dict(raw.get("splits") or {}), raw.get("image_format", IMAGE_FORMAT), version)
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise MetadataError(f"{path}: not a dataset description ({type(error).__name__}: {error})") from None
+
+
+def write_metadata(directory: str, class_names: Sequence[str], split: str, num_examples: int, num_shards: int) -> Metadata:
+    """Records `split` in the directory's dataset.json, keeping the splits already there.
+    Refuses (MetadataError) when the directory's classes differ: their labels would mean other things."""
+    existing = read_metadata(directory)
+    if existing is not None and existing.class_names != tuple(class_names):
+        raise MetadataError(f"{metadata_path(directory)} describes classes {', '.join(existing.class_names)}, not "
+                            f"{', '.join(class_names)}; write this dataset to another directory")
+    splits = dict(existing.splits) if existing else {}
+    splits[split] = {"examples": int(num_examples), "shards": int(num_shards)}
+    metadata = Metadata(tuple(class_names), splits)
+    with tf.io.gfile.GFile(metadata_path(directory), "w") as handle:
+        handle.write(metadata.to_json())
+    return metadata
+
+
 class CorruptFile(ValueError):
     """A TFRecord file that cannot be read to its end (truncated upload, flipped bits)."""
 
@@ -55,18 +131,41 @@ class CorruptFile(ValueError):
         self.path = path
 
 
-def count_file(path: str) -> int:
-    """Records in one file, reading bytes only; every record's length and CRC are checked."""
+@dataclasses.dataclass(frozen=True)
+class FileSummary:
+    path: str
+    examples: int
+    min_label: int  # over the file's records; 0 and -1 when it has none
+    max_label: int
+
+
+_LABEL_ONLY = {"label": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def scan_file(path: str) -> FileSummary:
+    """Reads one file to its end: every record's length and CRC are checked, and its labels
+    parsed (the image bytes are skipped over, not decoded)."""
+    def step(state, labels):
+        count, low, high = state
+        return count + tf.size(labels, tf.int64), tf.minimum(low, tf.reduce_min(labels)), tf.maximum(high, tf.reduce_max(labels))
+
+    dataset = tf.data.TFRecordDataset(path).batch(512).map(lambda s: tf.io.parse_example(s, _LABEL_ONLY)["label"])
+    start = (tf.constant(0, tf.int64), tf.constant(tf.int64.max, tf.int64), tf.constant(-1, tf.int64))
     try:
-        return int(tf.data.TFRecordDataset(path).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+        count, low, high = (int(v) for v in dataset.reduce(start, step))
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as error:
         raise CorruptFile(path, error) from None
+    return FileSummary(path, count, low if count else 0, high)
+
+
+def scan_files(files: Iterable[str]) -> list[FileSummary]:
+    """scan_file for every file, several at a time (the reads release the GIL); raises CorruptFile
+    naming the first file that cannot be read to its end. This reads every byte once, before
+    training, so a broken file stops the job before it starts."""
+    files = list(files)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
+        return list(pool.map(scan_file, files))
 
 
 def count_records(files: Iterable[str]) -> int:
-    """Counts the records of every file, several files at a time (the reads release the GIL);
-    raises CorruptFile naming the first file that cannot be read to its end. This reads every
-    byte once, before training, so a broken file stops the job before it starts."""
-    files = list(files)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
-        return sum(pool.map(count_file, files))
+    return sum(summary.examples for summary in scan_files(files))

@@ -1,7 +1,9 @@
 """Turns a --dataset spec into the splits it names, preparing data where that is needed.
 
 `tfds:NAME` runs TFDS's download_and_prepare into --data-dir (gs:// allowed); `synthetic:N`
-generates data into a local cache; `tfrecord:GLOB` lists existing files.
+generates data into a local cache; `tfrecord:GLOB` lists existing files, reads the classes from
+the `dataset.json` beside them (trainer.records) and checks every file before training starts:
+a truncated file, or a label outside the classes, is a DataError naming the file.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from trainer.config import DatasetSpec
 from trainer.data import Split
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "cassava-trainer")
-NUM_CLASSES = len(synthetic.CLASS_NAMES)
+DEFAULT_CLASS_NAMES = records.CASSAVA_CLASS_NAMES
 
 
 class DataError(ValueError):
@@ -29,22 +31,53 @@ def load(spec: DatasetSpec, data_dir: str | None, split: str) -> Split:
         directory = synthetic.ensure(root, spec.synthetic_size)
         files = tuple(sorted(tf.io.gfile.glob(f"{directory}/{split}-*.tfrecord")))
         size = spec.synthetic_size if split == "train" else synthetic.validation_size(spec.synthetic_size)
-        return Split(name=split, num_examples=size, num_classes=NUM_CLASSES, files=files)
+        return Split(name=split, num_examples=size, class_names=synthetic.CLASS_NAMES, files=files)
     if spec.scheme == "tfrecord":
-        files = tuple(sorted(tf.io.gfile.glob(spec.value)))
-        if not files:
-            raise DataError(f"--dataset {spec}: the pattern matches no files")
-        try:
-            num_examples = records.count_records(files)
-        except records.CorruptFile as error:
-            raise DataError(f"--dataset {spec}: {error}; upload it again or rerun trainer.prepare") from None
-        return Split(name=split, num_examples=num_examples, num_classes=NUM_CLASSES, files=files)
+        return _tfrecord_split(spec, split)
     return _tfds_split(spec.value, data_dir, split)
 
 
 def default_validation(spec: DatasetSpec) -> DatasetSpec | None:
     """TFDS and synthetic data carry a validation split; a bare TFRecord glob does not."""
     return spec if spec.scheme in ("tfds", "synthetic") else None
+
+
+def class_names_of(files: tuple[str, ...], spec: DatasetSpec) -> tuple[tuple[str, ...], str]:
+    """The classes the files' dataset.json names, and where they came from. Every directory the
+    files are in must describe the same classes; with no dataset.json anywhere, cassava's."""
+    described = {}
+    for directory in sorted({os.path.dirname(path) for path in files}):
+        try:
+            described[directory] = records.read_metadata(directory)
+        except records.MetadataError as error:
+            raise DataError(f"--dataset {spec}: {error}") from None
+    found = {d: m for d, m in described.items() if m is not None}
+    if not found:
+        return DEFAULT_CLASS_NAMES, f"cassava's, as no {records.METADATA_FILE} is beside the files (trainer.prepare writes one)"
+    directory, metadata = next(iter(found.items()))
+    for other, other_metadata in described.items():
+        if other_metadata is None or other_metadata.class_names != metadata.class_names:
+            what = (f"has no {records.METADATA_FILE}, unlike" if other_metadata is None
+                    else "describes other classes than")
+            raise DataError(f"--dataset {spec}: {other} {what} {directory}; match the files of one dataset")
+    return metadata.class_names, f"from {records.metadata_path(directory)}"
+
+
+def _tfrecord_split(spec: DatasetSpec, split: str) -> Split:
+    files = tuple(sorted(tf.io.gfile.glob(spec.value)))
+    if not files:
+        raise DataError(f"--dataset {spec}: the pattern matches no files")
+    class_names, origin = class_names_of(files, spec)
+    try:
+        summaries = records.scan_files(files)
+    except records.CorruptFile as error:
+        raise DataError(f"--dataset {spec}: {error}; upload it again or rerun trainer.prepare") from None
+    for summary in summaries:
+        if summary.examples and (summary.min_label < 0 or summary.max_label >= len(class_names)):
+            label = summary.max_label if summary.max_label >= len(class_names) else summary.min_label
+            raise DataError(f"{summary.path}: label {label} is outside the {len(class_names)} classes "
+                            f"({origin}: {', '.join(class_names)})")
+    return Split(name=split, num_examples=sum(s.examples for s in summaries), class_names=class_names, files=files)
 
 
 def _tfds_split(name: str, data_dir: str | None, split: str) -> Split:
@@ -57,13 +90,13 @@ def _tfds_split(name: str, data_dir: str | None, split: str) -> Split:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DataError(f"--dataset tfds:{name}: cannot prepare it in {data_dir or 'the TFDS default dir'}: {first_line}") from error
     info = builder.info
-    num_classes = info.features["label"].num_classes
+    class_names = tuple(info.features["label"].names)
     if split in info.splits:
         return Split(
-            name=split, num_examples=info.splits[split].num_examples, num_classes=num_classes,
+            name=split, num_examples=info.splits[split].num_examples, class_names=class_names,
             tfds_name=name, tfds_data_dir=data_dir, tfds_num_files=info.splits[split].num_shards,
         )
     # Mocked builders (tfds.testing.mock_data) have no split metadata: count instead.
     dataset = builder.as_dataset(split=split, decoders={"image": tfds.decode.SkipDecoding()})
     count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-    return Split(name=split, num_examples=count, num_classes=num_classes, tfds_name=name, tfds_data_dir=data_dir)
+    return Split(name=split, num_examples=count, class_names=class_names, tfds_name=name, tfds_data_dir=data_dir)

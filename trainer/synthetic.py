@@ -23,8 +23,9 @@ import tensorflow as tf
 
 from trainer import records
 
-CLASS_NAMES = ("cbb", "cbsd", "cgm", "cmd", "healthy")
-FORMAT_VERSION = 1
+CLASS_NAMES = records.CASSAVA_CLASS_NAMES
+# Part of the cache directory's name: bump it when what `ensure` writes changes (2: dataset.json).
+FORMAT_VERSION = 2
 TRAIN_SHARDS = 8
 VALIDATION_SHARDS = 2
 
@@ -78,12 +79,10 @@ def ensure(root: str, num_train: int, seed: int = 0) -> str:
     os.makedirs(root, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".staging-{uuid.uuid4().hex[:8]}-", dir=root)
     try:
-        records.write_shards(examples(num_train, seed, "train"), staging, "train", min(TRAIN_SHARDS, num_train))
-        num_validation = validation_size(num_train)
-        records.write_shards(
-            examples(num_validation, seed, "validation"), staging, "validation",
-            min(VALIDATION_SHARDS, num_validation),
-        )
+        for split, count, shards in (("train", num_train, TRAIN_SHARDS),
+                                     ("validation", validation_size(num_train), VALIDATION_SHARDS)):
+            paths, written = records.write_shards(examples(count, seed, split), staging, split, min(shards, count))
+            records.write_metadata(staging, CLASS_NAMES, split, written, len(paths))
         try:
             os.rename(staging, directory)  # atomic: readers see all files or none
         except OSError:

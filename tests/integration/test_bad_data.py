@@ -53,3 +53,29 @@ def test_a_truncated_file_is_named_before_training_starts(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
     assert len(errors) == 1 and f"{path} is truncated or corrupt (DataLossError" in errors[0], result.stderr[-2000:]
     assert "epoch 1/1 begins" not in result.stderr and "Traceback" not in result.stderr
+
+
+def one_error_line(result) -> str:
+    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return errors[0]
+
+
+def test_a_label_beyond_cassavas_five_without_dataset_json_stops_before_training(tmp_path):
+    rng = np.random.default_rng(1)
+    examples = [(tf.io.encode_jpeg(rng.integers(0, 255, size=(40, 40, 3), dtype=np.uint8)).numpy(), i % 7, f"id-{i}")
+                for i in range(14)]
+    paths, _ = records.write_shards(examples, str(tmp_path / "data"), "train", 2)
+    result = train(tmp_path, f"tfrecord:{tmp_path}/data/train-*.tfrecord")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(f"trainer.task: error: {paths[0]}: label 6 is outside the 5 classes")
+    assert "epoch 1/1 begins" not in result.stderr
+
+
+def test_validation_data_of_other_classes_is_refused(tmp_path):
+    dataset = write_dataset(tmp_path / "train", bad=0)
+    write_dataset(tmp_path / "other", bad=0)
+    records.write_metadata(str(tmp_path / "other"), ["a", "b", "c", "d", "e"], "train", 16, 2)
+    result = train(tmp_path, dataset, "--eval-dataset", f"tfrecord:{tmp_path}/other/train-*.tfrecord")
+    assert result.returncode == 2
+    assert "has classes a, b, c, d, e, but --dataset" in one_error_line(result)

@@ -1,6 +1,7 @@
 """trainer.prepare writes balanced TFRecord shards that training reads back."""
 
 import collections
+import json
 
 import numpy as np
 import pytest
@@ -108,7 +109,7 @@ def corrupt_split(tmp_path, bad: int):
     examples = [(jpeg(i), i % 5, f"good-{i}") for i in range(6)]
     examples += [(good[: len(good) // 3], 0, f"cut-{i}") for i in range(bad)]
     paths, count = records.write_shards(examples, str(tmp_path), "train", 1)
-    return data.Split("train", count, 5, tuple(paths))
+    return data.Split("train", count, tuple("abcde"), tuple(paths))
 
 
 def test_undecodable_images_are_skipped_while_training(tmp_path):
@@ -123,3 +124,56 @@ def test_too_many_undecodable_images_stop_the_pipeline(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
         list(data.make_dataset(split, options))
     assert data.too_many_bad_examples(raised.value)
+
+
+def test_dataset_json_names_the_classes_in_label_order_and_counts_each_split(tmp_path):
+    seven = ["apple", "banana", "cherry", "date", "elder", "fig", "grape"]
+    write_folder(tmp_path / "train", {f"{name}/{i}.jpg": jpeg(10 * c + i) for c, name in enumerate(seven) for i in range(2)})
+    write_folder(tmp_path / "val", {f"{name}/0.jpg": jpeg(100 + c) for c, name in enumerate(seven)})
+    out = tmp_path / "out"
+    assert prepare.main(["--source", f"folder:{tmp_path / 'train'}", "--output", str(out), "--shards", "3"]) == 0
+    assert prepare.main(["--source", f"folder:{tmp_path / 'val'}", "--output", str(out), "--shards", "2",
+                         "--split", "validation"]) == 0
+    metadata = records.read_metadata(str(out))
+    assert metadata.class_names == tuple(seven) and metadata.image_format == "jpeg" and metadata.format_version == 1
+    assert metadata.splits == {"train": {"examples": 14, "shards": 3}, "validation": {"examples": 7, "shards": 2}}
+    split, ids = read_back(str(out / "train-*.tfrecord"))
+    assert split.class_names == tuple(seven) and split.num_classes == 7
+    assert ids["grape/1.jpg"] == 6
+
+
+def test_a_folder_of_other_classes_is_refused_before_anything_is_overwritten(tmp_path, capsys):
+    write_folder(tmp_path / "a", {"cat/0.jpg": jpeg(0), "dog/0.jpg": jpeg(1)})
+    write_folder(tmp_path / "b", {"ant/0.jpg": jpeg(2), "bee/0.jpg": jpeg(3), "cow/0.jpg": jpeg(4)})
+    out = tmp_path / "out"
+    assert prepare.main(["--source", f"folder:{tmp_path / 'a'}", "--output", str(out), "--shards", "1"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert prepare.main(["--source", f"folder:{tmp_path / 'b'}", "--output", str(out), "--shards", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "describes classes cat, dog, not ant, bee, cow" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_label_outside_the_described_classes_names_the_file(tmp_path):
+    paths, _ = records.write_shards([(jpeg(i), i % 3, f"id-{i}") for i in range(6)], str(tmp_path), "train", 2)
+    records.write_metadata(str(tmp_path), ["a", "b"], "train", 6, 2)  # labels go up to 2: three classes
+    with pytest.raises(sources.DataError) as raised:
+        sources.load(DatasetSpec("tfrecord", str(tmp_path / "train-*.tfrecord")), None, "train")
+    assert str(raised.value).startswith(f"{paths[0]}: label 2 is outside the 2 classes (from {tmp_path}/dataset.json: a, b)")
+
+
+def test_shards_without_dataset_json_are_cassava_and_a_sixth_class_is_named(tmp_path):
+    records.write_shards([(jpeg(i), i % 5, f"id-{i}") for i in range(5)], str(tmp_path / "ok"), "train", 1)
+    split = sources.load(DatasetSpec("tfrecord", str(tmp_path / "ok" / "*.tfrecord")), None, "train")
+    assert split.class_names == ("cbb", "cbsd", "cgm", "cmd", "healthy")
+    paths, _ = records.write_shards([(jpeg(i), i, f"id-{i}") for i in range(7)], str(tmp_path / "seven"), "train", 2)
+    with pytest.raises(sources.DataError, match=rf"^{paths[0]}: label 6 is outside the 5 classes \(cassava's, as no dataset.json"):
+        sources.load(DatasetSpec("tfrecord", str(tmp_path / "seven" / "*.tfrecord")), None, "train")
+
+
+def test_a_dataset_json_from_a_newer_format_is_refused(tmp_path):
+    records.write_shards([(jpeg(0), 0, "id-0")], str(tmp_path), "train", 1)
+    (tmp_path / "dataset.json").write_text(json.dumps({"format_version": 99, "class_names": ["a"]}))
+    with pytest.raises(sources.DataError, match=r"format version 99 is newer than this trainer reads \(1\)"):
+        sources.load(DatasetSpec("tfrecord", str(tmp_path / "*.tfrecord")), None, "train")
