@@ -25,3 +25,7 @@ compile requirements/dev.lock cpu test submit
 # GPU image: the full `tensorflow` wheel and the pinned NVIDIA CUDA wheels it loads (pyproject.toml).
 overrides=(--override requirements/overrides.txt)
 compile images/gpu/requirements.lock gpu
+# Vertex AI's prebuilt prediction runtime's TensorFlow, for the serving tests: a standalone list.
+uv pip compile requirements/serving-runtime.in --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+  --generate-hashes --no-header --quiet -o requirements/serving-runtime.lock
+echo "wrote requirements/serving-runtime.lock"

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Creates .venv in the repo root from requirements/dev.lock (CPU TensorFlow, test and submit tools).
+# Creates a virtual environment in the repo root from a hash-pinned lock:
+#   scripts/setup_venv.sh                      .venv from requirements/dev.lock (CPU TensorFlow, test and submit tools)
+#   scripts/setup_venv.sh DIR LOCK             DIR from LOCK (the tests' .venv-serving, say)
 # Idempotent: a venv whose recorded lock hash matches is reused as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+venv=${1:-.venv}
+lock=${2:-requirements/dev.lock}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
@@ -11,18 +15,17 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
   exit 2
 }
 
-lock=requirements/dev.lock
-stamp=.venv/.lock-sha256
+stamp=$venv/.lock-sha256
 want=$(sha256sum "$lock" | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
-"$PYTHON" -m venv .venv
-# --no-deps: the lock is complete, and it deliberately omits the `tensorflow` that tf-keras
-# declares (tensorflow-cpu provides it); letting pip resolve would install both wheels.
+"$PYTHON" -m venv "$venv"
+# --no-deps: the lock is complete, and the dev lock deliberately omits the `tensorflow` that
+# tf-keras declares (tensorflow-cpu provides it); letting pip resolve would install both wheels.
 # (The grep drops pip's warnings about this machine's optional local mirrors.)
-.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-deps --require-hashes -r "$lock" 2> >(grep -v "is ignored: it is neither" >&2)
 echo "$want" > "$stamp"
-echo "setup_venv: .venv ready ($(.venv/bin/python -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"
+echo "setup_venv: $venv ready ($("$venv/bin/python" -c 'import tensorflow as tf; print("tensorflow", tf.__version__)' 2>/dev/null))"

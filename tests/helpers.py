@@ -70,3 +70,28 @@ def saved_model_op_dtypes(model_dir) -> dict[str, list[str]]:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+_SERVE_SCRIPT = """
+import json, sys
+import numpy as np
+import trainer, tensorflow as tf
+from trainer import synthetic
+rng = np.random.default_rng(0)
+photos = [tf.io.encode_jpeg(synthetic.make_image(rng, i % 5, size=(120 + 40 * i, 160))).numpy() for i in range(int(sys.argv[2]))]
+outputs = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](image_bytes=tf.constant(photos))
+print(json.dumps({"class_name": [n.decode() for n in outputs["class_name"].numpy()],
+                  "class_index": outputs["class_index"].numpy().tolist(),
+                  "probabilities": outputs["probabilities"].numpy().tolist()}))
+"""
+
+
+def served_predictions(model_dir, count: int = 4) -> dict:
+    """What the exported model's serving_default answers for `count` generated JPEG photos of
+    several sizes, sent as bytes, in a fresh process (as a server would load it)."""
+    import json
+
+    result = subprocess.run([sys.executable, "-c", _SERVE_SCRIPT, str(model_dir), str(count)], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -11,19 +11,19 @@ import logging
 
 import tensorflow as tf
 
-from trainer import model as model_lib
+from trainer import model as model_lib, serving
 from trainer.config import TrainConfig
 
 log = logging.getLogger("trainer")
 
 
 def load_checkpoint(config: TrainConfig, num_classes: int, checkpoint: str) -> tf.keras.Model:
-    model = model_lib.build(num_classes, config.image_size, "none", config.architecture)
+    model = model_lib.build(num_classes, config.image_size, "none", config.architecture, config.seed)
     model.load_weights(checkpoint).expect_partial()
     return model
 
 
-def save_unsharded(config: TrainConfig, num_classes: int, checkpoint: str) -> None:
-    model = load_checkpoint(config, num_classes, checkpoint)
-    model.save(config.model_dir)
+def save_unsharded(config: TrainConfig, class_names, checkpoint: str) -> None:
+    model = load_checkpoint(config, len(class_names), checkpoint)
+    serving.save(model, config.model_dir, class_names, config.image_size)
     log.info("saved model to %s (from %s)", config.model_dir, checkpoint)

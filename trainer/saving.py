@@ -16,6 +16,7 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from trainer import serving
 from trainer.cluster import Cluster
 
 log = logging.getLogger("trainer")
@@ -35,9 +36,10 @@ def save_path(model_dir: str, cluster: Cluster) -> Iterator[str]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def save_model(model: tf.keras.Model, model_dir: str, cluster: Cluster) -> None:
+def save_model(model: tf.keras.Model, model_dir: str, cluster: Cluster, class_names, image_size: int) -> None:
+    """Every task calls this; the chief's copy is the SavedModel with the serving signatures."""
     with save_path(model_dir, cluster) as path:
-        model.save(path)
+        serving.save(model, path, class_names, image_size)
         if cluster.is_chief:
             log.info("saved model to %s", path)
         else:

@@ -67,6 +67,10 @@ def load_splits(config: TrainConfig) -> tuple[data.Split, data.Split | None]:
     train = sources.load(config.dataset, config.data_dir, "train")
     eval_spec = config.eval_dataset or sources.default_validation(config.dataset)
     validation = sources.load(eval_spec, config.data_dir, "validation") if eval_spec else None
+    if validation is not None and validation.class_names != train.class_names:
+        raise sources.DataError(
+            f"--eval-dataset {eval_spec} has classes {', '.join(validation.class_names)}, but --dataset "
+            f"{config.dataset} has {', '.join(train.class_names)}; both must describe the same classes")
     return train, validation
 
 
@@ -106,6 +110,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         strategy_name, replicas, global_batch, config.per_replica_batch_size, steps,
         train_split.num_examples, data.sharding_mode(train_split.num_files, num_pipelines),
     )
+    log.info("classes: %d (%s)", train_split.num_classes, ", ".join(train_split.class_names))
 
     trace_path = None
     if config.trace_input_dir:
@@ -123,7 +128,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         )
 
     with strategy.scope():
-        model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture)
+        model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
 
     # First, so that a resumed run starts at the step it reached.
@@ -134,7 +139,8 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         preemption.StepAgreement(backup, strategy, cluster.is_chief),
         tf.keras.callbacks.ModelCheckpoint(checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
-        callbacks.EpochLog(config.epochs),
+        # Progress from the chief only: every worker would print the same metrics again.
+        callbacks.EpochLog(config.epochs, with_metrics=cluster.is_chief),
     ]
     if cluster.is_chief:
         callback_list.append(callbacks.HypertuneReport(config.hypertune_metric))
@@ -148,7 +154,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
                 validation_data=validation_dataset,
                 validation_steps=validation_steps,
                 callbacks=callback_list,
-                verbose=2,
+                verbose=0,  # EpochLog reports each epoch
             )
     except preemption.Preempted as stop:
         print(f"trainer.task: preempted (SIGTERM): saved a backup; a restart resumes at epoch {stop.epoch} "
@@ -161,5 +167,5 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
               f"{error_summary(error)}); a restart resumes at {backup.describe_resume()} (exit {exits.RETRYABLE})",
               file=sys.stderr)
         return exits.RETRYABLE
-    saving.save_model(model, config.model_dir, cluster)
+    saving.save_model(model, config.model_dir, cluster, train_split.class_names, config.image_size)
     return exits.OK

@@ -74,8 +74,9 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         return data.make_dataset(train_split, options, context)
 
     with strategy.scope():
-        model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture)
+        model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
+    log.info("classes: %d (%s)", train_split.num_classes, ", ".join(train_split.class_names))
     log.info("variables sharded over ps: %s", describe_sharding(model))
 
     # Epoch backups: tf-keras runs no batch hooks on a ParameterServer coordinator.
@@ -84,7 +85,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         backup,
         tf.keras.callbacks.ModelCheckpoint(train.checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
-        callbacks.EpochLog(config.epochs),
+        callbacks.EpochLog(config.epochs, with_metrics=True),
         callbacks.HypertuneReport(config.hypertune_metric),
     ]
     try:
@@ -94,7 +95,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                 epochs=config.epochs,
                 steps_per_epoch=steps,
                 callbacks=callback_list,
-                verbose=2,
+                verbose=0,  # EpochLog reports each epoch
             )
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
         first_line = (error.message or type(error).__name__).strip().splitlines()[0]
@@ -105,7 +106,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             file=sys.stderr,
         )
         return exits.RETRYABLE
-    export.save_unsharded(config, train_split.num_classes, train.checkpoint_pattern(config).format(epoch=config.epochs))
+    export.save_unsharded(config, train_split.class_names, train.checkpoint_pattern(config).format(epoch=config.epochs))
     return 0
 
 

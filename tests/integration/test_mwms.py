@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes
+from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
 
@@ -77,6 +77,31 @@ def test_every_worker_trains_in_the_policy_asked_for_and_the_export_keeps_it(two
         assert re.search(rf"^\[{task}\] .*trainer: precision: mixed_bfloat16 ", result.stdout, re.M), task
     dtypes = saved_model_op_dtypes(out / "model")
     assert dtypes["Conv2D"] == ["bfloat16"] and dtypes["Softmax"] == ["float32"]
+
+
+def test_the_served_model_takes_jpeg_bytes_and_answers_with_class_names(two_worker_run):
+    _, _, out, _ = two_worker_run
+    served = served_predictions(out / "model", count=4)
+    assert len(served["probabilities"]) == 4 and all(abs(sum(p) - 1) < 1e-3 for p in served["probabilities"])
+    cassava = ["cbb", "cbsd", "cgm", "cmd", "healthy"]
+    assert served["class_name"] == [cassava[i] for i in served["class_index"]]
+
+
+def test_each_epochs_metrics_appear_once_and_workers_only_mark_epochs(two_worker_run):
+    result, *_ = two_worker_run
+    lines = result.stdout.splitlines()
+    for epoch in (1, 2):
+        with_metrics = [line for line in lines if re.search(rf"epoch {epoch}/2 ends: .*\bloss=", line)]
+        assert len(with_metrics) == 1 and with_metrics[0].startswith("[chief-0] "), with_metrics
+        assert re.fullmatch(rf"\[chief-0\] \S+ trainer: epoch {epoch}/2 ends: accuracy=\S+ loss=\S+ "
+                            rf"val_accuracy=\S+ val_loss=\S+ \(\d+\.\ds\)", with_metrics[0]), with_metrics[0]
+    worker_marks = [line.split(" trainer: ")[1] for line in lines if line.startswith("[worker-0] ") and " trainer: epoch " in line]
+    assert worker_marks == ["epoch 1/2 begins", "epoch 1/2 ends", "epoch 2/2 begins", "epoch 2/2 ends"]
+    # Keras' own progress lines and TensorFlow's repeated harmless ones are gone; the launcher says so.
+    for noise in ("Epoch 1/2", "GeneratorDatasetOp", "absl::InitializeLog", "is slow compared to the batch time",
+                  "Traceback"):
+        assert noise not in result.stdout, noise
+    assert re.search(r"^\[launch\] hid \d+ known-harmless TensorFlow lines", result.stdout, re.M)
 
 
 def test_no_worker_temp_dir_is_left(two_worker_run):

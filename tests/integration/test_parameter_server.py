@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes
+from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
 
@@ -69,6 +69,13 @@ print("shape", model.predict(np.zeros((2, 32, 32, 3), np.uint8), verbose=0).shap
 """
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300)
     assert "shape (2, 5)" in loaded.stdout, loaded.stderr[-2000:]
+
+
+def test_the_unsharded_export_serves_jpeg_bytes_with_class_names(ps_job):
+    _, tmp_path = ps_job
+    served = served_predictions(tmp_path / "out" / "model", count=3)
+    cassava = ["cbb", "cbsd", "cgm", "cmd", "healthy"]
+    assert len(served["class_name"]) == 3 and served["class_name"] == [cassava[i] for i in served["class_index"]]
 
 
 def test_coordinator_evaluator_and_export_use_the_policy_asked_for(ps_job):
@@ -192,7 +199,7 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": "chief", "index": 0}})
     cluster = resolve(os.environ)
     strategy = strategy_lib.create("parameter_server", cluster)
-    split = data.Split(name="train", num_examples=40, num_classes=5, files=tuple(sys.argv[1:]))
+    split = data.Split(name="train", num_examples=40, class_names=tuple("abcde"), files=tuple(sys.argv[1:]))
     options = data.PipelineOptions(image_size=32, per_replica_batch_size=4, training=True, cache=False)
     with strategy.scope():
         model = model_lib.build(5, 32, "none", "small")

@@ -1,0 +1,150 @@
+"""The exported model serves what clients send: encoded image bytes in, class names out, through
+the same decode and resize that validation runs; `trainer.predict` uses it from the command line.
+(The multi-worker and parameter-server exports are checked in test_mwms.py and
+test_parameter_server.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
+import tensorflow as tf
+
+from helpers import REPO, clean_env, run_module
+from trainer import data, records, serving, synthetic
+
+
+def photos(count: int, seed: int = 7) -> list[bytes]:
+    """Real encoded photos of several sizes, and one PNG: what a client would send."""
+    rng = np.random.default_rng(seed)
+    encoded = []
+    for index in range(count):
+        image = synthetic.make_image(rng, index % 5, size=(int(rng.integers(80, 400)), int(rng.integers(80, 400))))
+        encoded.append((tf.io.encode_png if index == count - 1 else tf.io.encode_jpeg)(image).numpy())
+    return encoded
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_root):
+    """A one-process (mirrored) training run's exported model."""
+    model_dir = tmp_path_factory.mktemp("serving") / "model"
+    result = run_module("trainer.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+                        "--image-size", "48", "--architecture", "small", "--weights", "none",
+                        "--per-replica-batch-size", "4", "--data-dir", str(data_root), "--model-dir", str(model_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model_dir
+
+
+def validation_pipeline_images(encoded: list[bytes], image_size: int, directory) -> np.ndarray:
+    """The images the validation pipeline makes of these bytes (written as a dataset, read back)."""
+    paths, _ = records.write_shards([(e, 0, f"photo-{i}") for i, e in enumerate(encoded)], str(directory), "validation", 1)
+    split = data.Split("validation", len(encoded), synthetic.CLASS_NAMES, tuple(paths))
+    options = data.PipelineOptions(image_size=image_size, per_replica_batch_size=len(encoded), training=False, cache=False)
+    (features, _), = list(data.make_dataset(split, options))
+    return features["image"].numpy()
+
+
+def test_serving_default_on_jpeg_bytes_matches_the_keras_model_on_the_validation_pipeline(trained, tmp_path):
+    encoded = photos(6)
+    loaded = tf.saved_model.load(str(trained))
+    served = loaded.signatures[serving.BYTES_SIGNATURE](image_bytes=tf.constant(encoded))
+
+    keras_model = tf.keras.models.load_model(str(trained))
+    expected = keras_model.predict(validation_pipeline_images(encoded, 48, tmp_path), verbose=0)
+
+    probabilities = served["probabilities"].numpy()
+    assert probabilities.shape == (6, 5)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5, rtol=0)
+    assert served["class_index"].numpy().tolist() == expected.argmax(axis=1).tolist()
+    names = [name.decode() for name in served["class_name"].numpy()]
+    assert names == [synthetic.CLASS_NAMES[i] for i in expected.argmax(axis=1)]
+
+
+# Vertex AI's newest prebuilt TensorFlow prediction runtime (tf2-cpu.2-15) runs TensorFlow 2.15;
+# scripts/test.sh builds this environment from requirements/serving-runtime.lock.
+SERVING_RUNTIME_PYTHON = REPO / ".venv-serving" / "bin" / "python"
+_SERVE_IN_RUNTIME = """
+import json, sys
+import tensorflow as tf
+photos = [open(path, "rb").read() for path in sys.argv[2:]]
+outputs = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](image_bytes=tf.constant(photos))
+print(json.dumps({"tensorflow": tf.__version__, "probabilities": outputs["probabilities"].numpy().tolist(),
+                  "class_name": [n.decode() for n in outputs["class_name"].numpy()]}))
+"""
+
+
+def test_vertex_prediction_runtimes_tensorflow_serves_the_export_alike(trained, tmp_path):
+    assert SERVING_RUNTIME_PYTHON.exists(), "no .venv-serving: scripts/test.sh builds it"
+    encoded = photos(4, seed=5)
+    paths = []
+    for index, content in enumerate(encoded):
+        paths.append(tmp_path / f"{index}.{'png' if index == 3 else 'jpg'}")
+        paths[-1].write_bytes(content)
+    env = {k: v for k, v in clean_env().items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
+    result = subprocess.run([str(SERVING_RUNTIME_PYTHON), "-c", _SERVE_IN_RUNTIME, str(trained), *map(str, paths)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runtime = json.loads(result.stdout.strip().splitlines()[-1])
+    assert runtime["tensorflow"] == "2.15.1"
+    here = tf.saved_model.load(str(trained)).signatures[serving.BYTES_SIGNATURE](image_bytes=tf.constant(encoded))
+    np.testing.assert_allclose(runtime["probabilities"], here["probabilities"].numpy(), atol=1e-5, rtol=0)
+    assert runtime["class_name"] == [n.decode() for n in here["class_name"].numpy()]
+
+
+def test_the_pixel_signature_takes_uint8_images_and_answers_alike(trained, tmp_path):
+    encoded = photos(3, seed=2)
+    loaded = tf.saved_model.load(str(trained))
+    pixels = validation_pipeline_images(encoded, 48, tmp_path)
+    by_pixels = loaded.signatures[serving.PIXELS_SIGNATURE](image=tf.constant(pixels))
+    by_bytes = loaded.signatures[serving.BYTES_SIGNATURE](image_bytes=tf.constant(encoded))
+    np.testing.assert_allclose(by_pixels["probabilities"].numpy(), by_bytes["probabilities"].numpy(), atol=1e-6)
+    assert by_pixels["class_name"].numpy().tolist() == by_bytes["class_name"].numpy().tolist()
+    spec = loaded.signatures[serving.PIXELS_SIGNATURE].structured_input_signature[1]["image"]
+    assert spec.dtype == tf.uint8 and spec.shape.as_list() == [None, 48, 48, 3]
+
+
+def test_predict_prints_each_files_class_and_probability(trained, tmp_path):
+    paths = []
+    for index, encoded in enumerate(photos(3)):
+        path = tmp_path / f"leaf-{index}.{'png' if index == 2 else 'jpg'}"
+        path.write_bytes(encoded)
+        paths.append(str(path))
+    result = run_module("trainer.predict", str(trained), *paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [row[0] for row in rows] == paths
+    loaded = tf.saved_model.load(str(trained))
+    served = loaded.signatures[serving.BYTES_SIGNATURE](image_bytes=tf.constant([open(p, "rb").read() for p in paths]))
+    for row, name, probabilities in zip(rows, served["class_name"].numpy(), served["probabilities"].numpy()):
+        assert row[1] == name.decode() and abs(float(row[2]) - probabilities.max()) < 1e-4
+
+
+def test_predict_vertex_request_carries_the_files_bytes(trained, tmp_path):
+    encoded = photos(2)
+    paths = []
+    for index, content in enumerate(encoded):
+        (tmp_path / f"{index}.jpg").write_bytes(content)
+        paths.append(str(tmp_path / f"{index}.jpg"))
+    result = run_module("trainer.predict", str(trained), *paths, "--vertex-request")
+    assert result.returncode == 0, result.stderr[-3000:]
+    body = json.loads(result.stdout)
+    assert [base64.b64decode(i["image_bytes"]["b64"]) for i in body["instances"]] == encoded
+    assert all(list(instance) == ["image_bytes"] for instance in body["instances"])
+
+
+def test_predict_names_a_file_it_cannot_classify(trained, tmp_path):
+    good, bad = tmp_path / "good.jpg", tmp_path / "bad.jpg"
+    good.write_bytes(photos(1)[0])
+    bad.write_bytes(photos(1)[0][:300])  # a truncated upload
+    result = run_module("trainer.predict", str(trained), str(good), str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"trainer.predict: error: {bad}: not a whole JPEG, PNG, GIF or BMP image"
+    missing = run_module("trainer.predict", str(tmp_path / "no-model"), str(good))
+    assert missing.returncode == 2 and "no saved_model.pb there" in missing.stderr
+    absent = run_module("trainer.predict", str(trained), str(tmp_path / "absent.jpg"))
+    assert absent.returncode == 2 and f"{tmp_path / 'absent.jpg'}: cannot read it" in absent.stderr

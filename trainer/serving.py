@@ -1,0 +1,49 @@
+"""What the exported SavedModel serves: signatures that take what clients send.
+
+- `serving_default` takes `image_bytes`, a batch of encoded JPEG or PNG images, as Vertex AI
+  prediction and TF Serving clients send them (Vertex decodes `{"image_bytes": {"b64": ...}}`
+  into bytes for an input whose name ends in `_bytes`). Each image goes through
+  `trainer.data.decode_resize`, the very function validation runs, inside the SavedModel.
+- `serving_pixels` takes `image`, uint8 [N, size, size, 3], already decoded and resized.
+
+Both return `probabilities` (float32 [N, classes]), `class_index` (int64 [N]) and `class_name`
+(string [N], from the dataset's class names).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from trainer import data
+
+BYTES_SIGNATURE = "serving_default"
+PIXELS_SIGNATURE = "serving_pixels"
+BYTES_INPUT = "image_bytes"
+
+
+def signatures(model: tf.keras.Model, class_names: Sequence[str], image_size: int) -> dict:
+    names = tf.constant(list(class_names))
+
+    def answer(images):
+        probabilities = tf.cast(model(images, training=False), tf.float32)
+        index = tf.argmax(probabilities, axis=-1)
+        return {"probabilities": probabilities, "class_index": index, "class_name": tf.gather(names, index)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT)])
+    def from_bytes(image_bytes):
+        images = tf.map_fn(lambda encoded: data.decode_resize(encoded, image_size), image_bytes,
+                           fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.uint8))
+        return answer(images)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="image")])
+    def from_pixels(image):
+        return answer(image)
+
+    return {BYTES_SIGNATURE: from_bytes, PIXELS_SIGNATURE: from_pixels}
+
+
+def save(model: tf.keras.Model, path: str, class_names: Sequence[str], image_size: int) -> None:
+    """Saves the Keras model as a SavedModel with both signatures."""
+    model.save(path, signatures=signatures(model, class_names, image_size))
