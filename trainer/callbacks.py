@@ -4,6 +4,7 @@ hyperparameter-tuning report."""
 from __future__ import annotations
 
 import logging
+import time
 
 import tensorflow as tf
 
@@ -11,19 +12,28 @@ log = logging.getLogger("trainer")
 
 
 class EpochLog(tf.keras.callbacks.Callback):
-    """Logs `epoch N/M begins` and `epoch N/M ends: metrics`. After BackupAndRestore in the
+    """Logs `epoch N/M begins` and `epoch N/M ends`, the end with the epoch's metrics and time
+    when `with_metrics`. It replaces Keras' own progress lines (fit runs with verbose=0): one
+    line format on every task, and the metrics once per job, from the chief, where every worker
+    would otherwise print the same all-reduced numbers again. After BackupAndRestore in the
     callback list, so a resumed run's first line names the epoch it resumed at."""
 
-    def __init__(self, epochs: int):
+    def __init__(self, epochs: int, with_metrics: bool = True):
         super().__init__()
         self.epochs = epochs
+        self.with_metrics = with_metrics
+        self.started = time.monotonic()
 
     def on_epoch_begin(self, epoch, logs=None):
+        self.started = time.monotonic()
         log.info("epoch %d/%d begins", epoch + 1, self.epochs)
 
     def on_epoch_end(self, epoch, logs=None):
+        if not self.with_metrics:
+            log.info("epoch %d/%d ends", epoch + 1, self.epochs)
+            return
         metrics = " ".join(f"{name}={value:.4f}" for name, value in sorted((logs or {}).items()))
-        log.info("epoch %d/%d ends: %s", epoch + 1, self.epochs, metrics)
+        log.info("epoch %d/%d ends: %s (%.1fs)", epoch + 1, self.epochs, metrics, time.monotonic() - self.started)
 
 
 class HypertuneReport(tf.keras.callbacks.Callback):

@@ -8,7 +8,8 @@ parameter servers serve. --evaluator adds the side-car evaluator-0.
 
 Each task gets its own TF_CONFIG, naming free localhost ports, and its own scratch directory
 (TMPDIR, the hypertune metrics file), as if it ran on a machine of its own. Every output line
-is prefixed with the task's name.
+is prefixed with the task's name; the known-harmless lines TensorFlow's runtime prints in every
+task (trainer/logs.py) are left out and counted at the end (--all-logs keeps them).
 
 The job ends as a real cluster job does:
 - a synchronous job fails as soon as any task fails: the others are stopped;
@@ -37,6 +38,8 @@ import tempfile
 import threading
 import time
 from typing import Sequence
+
+from trainer import logs
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -86,13 +89,15 @@ def free_ports(count: int) -> list[int]:
 
 class Job:
     def __init__(self, cluster: dict, tasks: list[TaskSpec], task_args: list[str], work_dir: str, parameter_server: bool,
-                 grace: float = DEFAULT_GRACE_SECONDS):
+                 grace: float = DEFAULT_GRACE_SECONDS, all_logs: bool = False):
         self.cluster = cluster
         self.tasks = tasks
         self.task_args = task_args
         self.work_dir = work_dir
         self.parameter_server = parameter_server
         self.grace = grace
+        self.all_logs = all_logs
+        self.hidden_lines = 0
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
         self.print_lock = threading.Lock()
@@ -129,6 +134,9 @@ class Job:
 
     def _relay(self, name: str, process: subprocess.Popen) -> None:
         for line in process.stdout:
+            if not self.all_logs and logs.is_harmless(line):
+                self.hidden_lines += 1
+                continue
             with self.print_lock:
                 sys.stdout.write(f"[{name}] {line}" if line.endswith("\n") else f"[{name}] {line}\n")
                 sys.stdout.flush()
@@ -160,6 +168,9 @@ class Job:
             self.stop(list(self.processes), grace=0 if interrupted else self.grace)
             for reader in self.readers:
                 reader.join(timeout=5)
+            if self.hidden_lines:
+                self.say(f"hid {self.hidden_lines} known-harmless TensorFlow lines (trainer/logs.py says why; "
+                         f"--all-logs shows them)")
             self.say("task exit codes: " + " ".join(f"{name}={exit_code(p.returncode)}" for name, p in self.processes.items()))
         return code
 
@@ -236,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds (exit 124)")
     parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_SECONDS,
                         help="seconds between SIGTERM and SIGKILL when tasks are stopped, as a platform gives them")
+    parser.add_argument("--all-logs", action="store_true",
+                        help="also relay the known-harmless TensorFlow lines every task prints (trainer/logs.py)")
     parser.add_argument("--work-dir", default=None,
                         help="per-task scratch dirs (TMPDIR, hypertune metrics); default a temp dir, removed at the end")
     parser.add_argument("task_args", nargs=argparse.REMAINDER, help="-- then trainer.task flags")
@@ -259,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, free_ports(cluster_size))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
-    job = Job(cluster, tasks, task_args, work_dir, parameter_server=bool(args.ps), grace=args.grace_period)
+    job = Job(cluster, tasks, task_args, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,
+              all_logs=args.all_logs)
     job.say(f"cluster {json.dumps(cluster)}; scratch in {work_dir}")
 
     def on_signal(signum, _frame):

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
+from trainer import logs
 from trainer import strategy as strategy_lib
 
 log = logging.getLogger("trainer")
@@ -63,10 +64,7 @@ def check_writable(*paths: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    # TensorFlow's own INFO lines (one per collective all-reduce) drown the progress lines.
-    for noisy in ("tensorflow", "absl"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.configure()
     try:
         cluster = cluster_lib.resolve(os.environ)
         config = config_lib.parse(argv, os.environ, cluster)
