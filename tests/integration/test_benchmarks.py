@@ -14,15 +14,24 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
          "--data-dir", str(tmp_path), "--results", str(tmp_path / "RESULTS.md")],
         capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"^summary: n2_epoch1_speedup=\d+\.\d\d n2_epoch2_speedup=\d+\.\d\d n2_decode_limit_fraction=\d+\.\d\d$",
-                     result.stdout, re.M), result.stdout
-    ceiling = re.search(r"^One thread: decode (\d+\.\d\d) ms/image, decode and resize to 343 px (\d+\.\d\d) ms/image, "
+    summary = re.search(r"^summary: n1_epoch1_speedup=(\d+\.\d\d) n2_epoch1_speedup=(\d+\.\d\d) "
+                        r"n2_epoch2_speedup=(\d+\.\d\d) n2_decode_limit_fraction=\d+\.\d\d$", result.stdout, re.M)
+    assert summary, result.stdout
+    # The verdict line states the targets from the same figures.
+    n1, n2, later = map(float, summary.groups())
+    verdict = re.search(r"^Epoch 1 at least the lab's at every N: (yes|NO) \(N=1: x(\S+), N=2: x(\S+)\)\. "
+                        r"Epoch 2 at N=2: x(\S+) the lab's \((meets|MISSES) the x20 target\)\.$", result.stdout, re.M)
+    assert verdict, result.stdout
+    assert (verdict.group(1) == "yes") == (float(verdict.group(2)) >= 1 and float(verdict.group(3)) >= 1)
+    assert abs(float(verdict.group(2)) - n1) < 0.011 and abs(float(verdict.group(3)) - n2) < 0.011
+    assert (verdict.group(5) == "meets") == (float(verdict.group(4)) >= 20) and abs(float(verdict.group(4)) - later) < 0.06
+    ceiling = re.search(r"^One thread: decode (\d+\.\d\d) ms/image, decode and resize to 300 px (\d+\.\d\d) ms/image, "
                         r"so a pipeline that resizes on the host reaches at most (\d+\.\d\d) of", result.stdout, re.M)
     assert ceiling, result.stdout
     decode_ms, resize_ms, fraction = map(float, ceiling.groups())
     assert 0 < decode_ms and abs(fraction - decode_ms / resize_ms) < 0.02  # the bound is what was timed
     table = (tmp_path / "RESULTS.md").read_text()
-    assert table.count("| 2 |") == 3 and "summary:" in table and ceiling.group(0) in table
+    assert table.count("| 2 |") == 3 and "summary:" in table and ceiling.group(0) in table and verdict.group(0) in table
 
 
 def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
