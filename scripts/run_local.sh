@@ -10,4 +10,5 @@ model_dir=${MODEL_DIR:-output/model}
 .venv/bin/python -m trainer.launch --workers 2 --timeout 1800 -- \
   --dataset synthetic:256 --epochs 2 --per-replica-batch-size 16 --image-size 64 --weights none \
   --model-dir "$model_dir" "$@"
-echo "model saved to $(cd "$model_dir" && pwd) (load it with tf.keras.models.load_model)"
+echo "model saved to $(cd "$model_dir" && pwd); classify images with:"
+echo "  .venv/bin/python -m trainer.predict $model_dir IMAGE..."
