@@ -58,7 +58,9 @@ class RandomCropFlip(tf.keras.layers.Layer):
         rows = offsets[:, :1] + tf.where(flips[:, :1], crop - 1 - steps, steps)
         columns = offsets[:, 1:] + tf.where(flips[:, 1:], crop - 1 - steps, steps)
         cropped = tf.gather(tf.gather(images, rows, axis=1, batch_dims=1), columns, axis=2, batch_dims=1)
-        return tf.cast(tf.image.resize(cropped, (size, size), method="bilinear"), self.compute_dtype)
+        # Resized in float32 whatever the policy: the one dtype every device's bilinear kernel takes.
+        resized = tf.image.resize(tf.cast(cropped, tf.float32), (size, size), method="bilinear")
+        return tf.cast(resized, self.compute_dtype)
 
     def get_config(self):
         return {**super().get_config(), "crop_fraction": self.crop_fraction, "seed": self.seed}
