@@ -137,12 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             class_names = folder_classes(value)
             jobs = [(args.split, folder_examples(value, class_names))]
-        existing = records.read_metadata(args.output)
-        if existing is not None and existing.class_names != tuple(class_names):
-            # Before any shard is written: another dataset's labels would change meaning.
-            raise records.MetadataError(
-                f"{records.metadata_path(args.output)} describes classes {', '.join(existing.class_names)}, not "
-                f"{', '.join(class_names)}; write this dataset to another directory")
+        records.check_classes(args.output, class_names)  # before any shard is overwritten
         print(f"prepare: {len(class_names)} classes: {', '.join(class_names)}", flush=True)
         for split, examples in jobs:
             tally = Tally()

@@ -105,13 +105,19 @@ def read_metadata(directory: str) -> Metadata | None:
         raise MetadataError(f"{path}: not a dataset description ({type(error).__name__}: {error})") from None
 
 
-def write_metadata(directory: str, class_names: Sequence[str], split: str, num_examples: int, num_shards: int) -> Metadata:
-    """Records `split` in the directory's dataset.json, keeping the splits already there.
-    Refuses (MetadataError) when the directory's classes differ: their labels would mean other things."""
+def check_classes(directory: str, class_names: Sequence[str]) -> Metadata | None:
+    """The directory's dataset.json, after checking it names these classes (MetadataError if
+    not: labels written next to the others would mean other things)."""
     existing = read_metadata(directory)
     if existing is not None and existing.class_names != tuple(class_names):
         raise MetadataError(f"{metadata_path(directory)} describes classes {', '.join(existing.class_names)}, not "
                             f"{', '.join(class_names)}; write this dataset to another directory")
+    return existing
+
+
+def write_metadata(directory: str, class_names: Sequence[str], split: str, num_examples: int, num_shards: int) -> Metadata:
+    """Records `split` in the directory's dataset.json, keeping the splits already there."""
+    existing = check_classes(directory, class_names)
     splits = dict(existing.splits) if existing else {}
     splits[split] = {"examples": int(num_examples), "shards": int(num_shards)}
     metadata = Metadata(tuple(class_names), splits)
