@@ -9,7 +9,7 @@ auto picks the fastest policy the hardware runs natively:
 - mixed_bfloat16 on a machine without GPUs whose CPU has AMX (Sapphire Rapids and later), where
   oneDNN runs bf16 convolutions on the tile units: a ResNet50 train step (160 px, batch 16) ran
   2.0-2.4x float32 there. AVX512-BF16 alone is not enough: on such a CPU (Cooper Lake class, no
-  AMX) the same step ran at 0.8x float32, so auto keeps float32 there;
+  AMX) the same step ran at 0.74-0.8x float32, so auto keeps float32 there;
 - float32 otherwise.
 Under both mixed policies the variables stay float32 and the model's softmax is float32, so
 checkpoints load into a model built under any policy.
