@@ -107,7 +107,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         )
         return exits.RETRYABLE
     export.save_unsharded(config, train_split.class_names, train.checkpoint_pattern(config).format(epoch=config.epochs))
-    return 0
+    return exits.OK
 
 
 def describe_sharding(model: tf.keras.Model) -> str:
