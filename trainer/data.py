@@ -117,7 +117,8 @@ def records(split: Split, context: tf.distribute.InputContext, training: bool) -
         if shuffle_files:
             files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
         dataset = files.interleave(
-            tf.data.TFRecordDataset,
+            # Each record carries its file's name, so a bad label can name the file.
+            lambda path: tf.data.TFRecordDataset(path).map(lambda serialized: (serialized, path)),
             cycle_length=min(len(split.files), 8),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=not shuffle_files,
@@ -127,8 +128,8 @@ def records(split: Split, context: tf.distribute.InputContext, training: bool) -
     return dataset
 
 
-def _parse_record(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-    return tf.io.parse_single_example(serialized, RECORD_FEATURES)
+def _parse_record(serialized: tf.Tensor, path: tf.Tensor) -> dict[str, tf.Tensor]:
+    return {**tf.io.parse_single_example(serialized, RECORD_FEATURES), "file": path}
 
 
 def _tfds_records(split: Split, context, shuffle_files: bool) -> tf.data.Dataset:
@@ -151,12 +152,14 @@ def _tfds_records(split: Split, context, shuffle_files: bool) -> tf.data.Dataset
             "image": example["image"],
             "label": example["label"],
             "id": example["image/filename"],
+            "file": tf.constant(split.tfds_name),
         },
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 
 
 TOO_MANY_BAD_EXAMPLES = "trainer: too many undecodable images"
+LABEL_OUTSIDE_CLASSES = "trainer: label outside the classes"
 # The bytes a complete file ends with: JPEG's end-of-image marker (within its last KiB, as some
 # cameras append metadata), PNG's IEND chunk.
 _JPEG_TAIL_BYTES = 1024
@@ -178,14 +181,17 @@ def looks_decodable(encoded: tf.Tensor) -> tf.Tensor:
     return tf.logical_or(tf.logical_and(tf.io.is_jpeg(encoded), jpeg_ends), tf.logical_or(png, other))
 
 
-def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, deterministic: bool) -> tf.data.Dataset:
-    """Decodes and resizes each record's image; drops (and names) the ones that cannot be."""
+def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, deterministic: bool,
+                     num_classes: int) -> tf.data.Dataset:
+    """Decodes and resizes each record's image; drops (and names) the ones that cannot be. A
+    label outside [0, num_classes) fails the pipeline with an error naming the record's file
+    (`label_outside_classes` reads it)."""
 
     def decode(record):
         ok = looks_decodable(record["image"])
         image = tf.cond(ok, lambda: decode_resize(record["image"], image_size),
                         lambda: tf.zeros((image_size, image_size, 3), tf.uint8))
-        return {"image": image, "label": record["label"], "id": record["id"], "ok": ok}
+        return {"image": image, "label": record["label"], "id": record["id"], "file": record["file"], "ok": ok}
 
     def count(bad_so_far, record):
         bad = bad_so_far + tf.cast(tf.logical_not(record["ok"]), tf.int64)
@@ -199,7 +205,12 @@ def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, de
         within = tf.debugging.assert_less_equal(
             bad, tf.constant(max_bad, tf.int64),
             message=f"{TOO_MANY_BAD_EXAMPLES}: more than {max_bad} in one pass (--max-bad-examples)")
-        with tf.control_dependencies([warned, within]):
+        # After ignore_errors, which would swallow it. (Files dataset.json describes are not
+        # read before training, so this is where their labels are checked.)
+        label = record["label"]
+        known = tf.debugging.Assert(tf.logical_and(label >= 0, label < num_classes),
+                                    [LABEL_OUTSIDE_CLASSES, record["file"], label])
+        with tf.control_dependencies([warned, within, known]):
             return bad, dict(record)
 
     dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
@@ -207,11 +218,20 @@ def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, de
     # TensorFlow's own warning. (Before the count: it would also swallow the count's error.)
     dataset = dataset.ignore_errors(log_warning=True)
     dataset = dataset.scan(tf.constant(0, tf.int64), count).filter(lambda r: r["ok"])
-    return dataset.map(lambda r: {k: v for k, v in r.items() if k != "ok"})
+    return dataset.map(lambda r: {k: v for k, v in r.items() if k not in ("ok", "file")})
 
 
 def too_many_bad_examples(error: BaseException) -> bool:
     return TOO_MANY_BAD_EXAMPLES in (getattr(error, "message", None) or str(error))
+
+
+def label_outside_classes(error: BaseException) -> tuple[str, int] | None:
+    """(file, label) from the pipeline's error for a label outside the classes, else None."""
+    import re
+
+    match = re.search(re.escape(LABEL_OUTSIDE_CLASSES) + r"\]\s*\[(.*?)\]\s*\[(-?\d+)\]",
+                      getattr(error, "message", None) or str(error))
+    return (match.group(1), int(match.group(2))) if match else None
 
 
 def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
@@ -254,7 +274,7 @@ def make_dataset(
     """This worker's batches of ({"image": uint8 NHWC}, label); training data repeats forever."""
     context = context or tf.distribute.InputContext()
     dataset = skip_undecodable(records(split, context, options.training), options.image_size, options.max_bad_examples,
-                               deterministic=not options.training)
+                               deterministic=not options.training, num_classes=split.num_classes)
     if options.cache:
         dataset = dataset.cache()
     if options.training:

@@ -75,7 +75,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint, error)
             continue
         model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-        with train.bad_data_stops_the_job(config):
+        with train.bad_data_stops_the_job(config, split.class_names):
             results = model.evaluate(dataset, steps=config.validation_steps, return_dict=True, verbose=0)
         last_epoch = checkpoint_epoch(checkpoint)
         with writer.as_default(step=last_epoch):

@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for split, examples in jobs:
             tally = Tally()
             paths, count = records.write_shards(readable(examples, split, tally), args.output, split, args.shards)
-            records.write_metadata(args.output, class_names, split, count, len(paths))
+            records.write_metadata(args.output, class_names, split, count, len(paths), paths)
             print(f"prepare: {split}: {count} examples in {len(paths)} files under {args.output}; "
                   f"{tally.skipped} unreadable images skipped", flush=True)
             total.written += tally.written

@@ -7,10 +7,17 @@ round-robin, so shard sizes differ by at most one and FILE sharding gives worker
 `dataset.json` (format version 1):
 
     {"format_version": 1, "class_names": ["cbb", "cbsd", ...], "image_format": "jpeg",
-     "splits": {"train": {"examples": 17112, "shards": 16}, "validation": {...}}}
+     "splits": {"train": {"examples": 17112, "shards": 16,
+                          "files": {"train-00000-of-00016.tfrecord": {"examples": 1070, "bytes": 61340327}, ...}},
+                "validation": {...}}}
 
 `class_names` is in label order: label i is class_names[i]. Shards without it are read as
 cassava's five classes, as they were before the file existed.
+
+`files` (written since this project reads from buckets; optional) lets a job start without
+reading its data first: the counts come from here, and each file's size, one metadata request
+per file, tells a truncated or replaced file before training (`check_described`). Files it does
+not describe are read to their end instead (`scan_files`).
 """
 
 from __future__ import annotations
@@ -115,11 +122,19 @@ def check_classes(directory: str, class_names: Sequence[str]) -> Metadata | None
     return existing
 
 
-def write_metadata(directory: str, class_names: Sequence[str], split: str, num_examples: int, num_shards: int) -> Metadata:
-    """Records `split` in the directory's dataset.json, keeping the splits already there."""
+def write_metadata(directory: str, class_names: Sequence[str], split: str, num_examples: int, num_shards: int,
+                   paths: Sequence[str] = ()) -> Metadata:
+    """Records `split` in the directory's dataset.json, keeping the splits already there. With
+    the shard `paths` write_shards returned, also each file's example count and size."""
     existing = check_classes(directory, class_names)
     splits = dict(existing.splits) if existing else {}
     splits[split] = {"examples": int(num_examples), "shards": int(num_shards)}
+    if paths:
+        sizes = _stat_sizes(paths)
+        splits[split]["files"] = {
+            path.rsplit("/", 1)[-1]: {"examples": num_examples // len(paths) + (i < num_examples % len(paths)),
+                                      "bytes": sizes[path]}
+            for i, path in enumerate(paths)}
     metadata = Metadata(tuple(class_names), splits)
     with tf.io.gfile.GFile(metadata_path(directory), "w") as handle:
         handle.write(metadata.to_json())
@@ -129,11 +144,12 @@ def write_metadata(directory: str, class_names: Sequence[str], split: str, num_e
 class CorruptFile(ValueError):
     """A TFRecord file that cannot be read to its end (truncated upload, flipped bits)."""
 
-    def __init__(self, path: str, error: tf.errors.OpError):
-        # TensorFlow prefixes the function it ran ({{function_node ...}}) and appends [Op:...].
-        reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", (error.message or type(error).__name__).strip())
-        reason = reason.splitlines()[0][:160]
-        super().__init__(f"{path} is truncated or corrupt ({type(error).__name__}: {reason})")
+    def __init__(self, path: str, error: tf.errors.OpError | None = None, reason: str = ""):
+        if error is not None:
+            # TensorFlow prefixes the function it ran ({{function_node ...}}) and appends [Op:...].
+            reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", (error.message or type(error).__name__).strip())
+            reason = f"{type(error).__name__}: {reason.splitlines()[0][:160]}"
+        super().__init__(f"{path} is truncated or corrupt ({reason})")
         self.path = path
 
 
@@ -141,8 +157,9 @@ class CorruptFile(ValueError):
 class FileSummary:
     path: str
     examples: int
-    min_label: int  # over the file's records; 0 and -1 when it has none
+    min_label: int  # over the file's records; 0 and -1 when it has none or they were not read
     max_label: int
+    expected_bytes: int | None = None  # what dataset.json recorded, when the summary comes from there
 
 
 _LABEL_ONLY = {"label": tf.io.FixedLenFeature([], tf.int64)}
@@ -162,6 +179,41 @@ def scan_file(path: str) -> FileSummary:
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as error:
         raise CorruptFile(path, error) from None
     return FileSummary(path, count, low if count else 0, high)
+
+
+def _stat_sizes(paths: Sequence[str]) -> dict[str, int]:
+    """Each path's size, several requests at a time (on a bucket each is a round trip)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, max(1, len(paths)))) as pool:
+        return dict(zip(paths, pool.map(lambda path: tf.io.gfile.stat(path).length, paths)))
+
+
+def described_summaries(files: Sequence[str]) -> list[FileSummary] | None:
+    """Each file's example count from the dataset.json beside it, or None when any file is not
+    described there (then they must be scanned). Labels are not known this way: they are checked
+    as the input pipeline reads them (trainer.data)."""
+    by_directory: dict[str, dict] = {}
+    summaries = []
+    for path in files:
+        directory, _, name = path.rpartition("/")
+        if directory not in by_directory:
+            metadata = read_metadata(directory)
+            by_directory[directory] = {} if metadata is None else {
+                file_name: entry for split in metadata.splits.values() for file_name, entry in (split.get("files") or {}).items()}
+        entry = by_directory[directory].get(name)
+        if entry is None:
+            return None
+        summaries.append(FileSummary(path, int(entry["examples"]), 0, -1, expected_bytes=int(entry["bytes"])))
+    return summaries
+
+
+def check_described(summaries: Sequence[FileSummary]) -> None:
+    """Raises CorruptFile for the first file whose size is not the one dataset.json recorded:
+    a truncated upload, or a file replaced without rerunning trainer.prepare. Reads no data."""
+    sizes = _stat_sizes([summary.path for summary in summaries])
+    for summary in summaries:
+        if sizes[summary.path] != summary.expected_bytes:
+            raise CorruptFile(summary.path, reason=f"{sizes[summary.path]} bytes where {METADATA_FILE} recorded "
+                                                   f"{summary.expected_bytes}")
 
 
 def scan_files(files: Iterable[str]) -> list[FileSummary]:

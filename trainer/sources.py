@@ -1,9 +1,11 @@
 """Turns a --dataset spec into the splits it names, preparing data where that is needed.
 
 `tfds:NAME` runs TFDS's download_and_prepare into --data-dir (gs:// allowed); `synthetic:N`
-generates data into a local cache; `tfrecord:GLOB` lists existing files, reads the classes from
-the `dataset.json` beside them (trainer.records) and checks every file before training starts:
-a truncated file, or a label outside the classes, is a DataError naming the file.
+generates data into a local cache; `tfrecord:GLOB` lists existing files and reads the classes
+from the `dataset.json` beside them (trainer.records). Where that file describes each shard,
+start-up reads no data: counts come from it, and a file whose size differs from it is a
+DataError naming the file; a label outside the classes is found as the input pipeline reads it
+(trainer.data). Files it does not describe are read to their end before training, which finds both.
 """
 
 from __future__ import annotations
@@ -69,15 +71,25 @@ def _tfrecord_split(spec: DatasetSpec, split: str) -> Split:
         raise DataError(f"--dataset {spec}: the pattern matches no files")
     class_names, origin = class_names_of(files, spec)
     try:
-        summaries = records.scan_files(files)
+        summaries = records.described_summaries(files)
+        if summaries is not None:
+            records.check_described(summaries)  # sizes only: start-up reads no data
+        else:
+            summaries = records.scan_files(files)
     except records.CorruptFile as error:
         raise DataError(f"--dataset {spec}: {error}; upload it again or rerun trainer.prepare") from None
+    except records.MetadataError as error:
+        raise DataError(f"--dataset {spec}: {error}") from None
     for summary in summaries:
-        if summary.examples and (summary.min_label < 0 or summary.max_label >= len(class_names)):
+        if summary.examples and summary.expected_bytes is None and (summary.min_label < 0 or summary.max_label >= len(class_names)):
             label = summary.max_label if summary.max_label >= len(class_names) else summary.min_label
-            raise DataError(f"{summary.path}: label {label} is outside the {len(class_names)} classes "
-                            f"({origin}: {', '.join(class_names)})")
+            raise DataError(label_error(summary.path, label, class_names, origin))
     return Split(name=split, num_examples=sum(s.examples for s in summaries), class_names=class_names, files=files)
+
+
+def label_error(path: str, label: int, class_names, origin: str = "") -> str:
+    origin = f"{origin}: " if origin else ""
+    return f"{path}: label {label} is outside the {len(class_names)} classes ({origin}{', '.join(class_names)})"
 
 
 def _tfds_split(name: str, data_dir: str | None, split: str) -> Split:

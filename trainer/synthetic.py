@@ -82,7 +82,7 @@ def ensure(root: str, num_train: int, seed: int = 0) -> str:
         for split, count, shards in (("train", num_train, TRAIN_SHARDS),
                                      ("validation", validation_size(num_train), VALIDATION_SHARDS)):
             paths, written = records.write_shards(examples(count, seed, split), staging, split, min(shards, count))
-            records.write_metadata(staging, CLASS_NAMES, split, written, len(paths))
+            records.write_metadata(staging, CLASS_NAMES, split, written, len(paths), paths)
         try:
             os.rename(staging, directory)  # atomic: readers see all files or none
         except OSError:

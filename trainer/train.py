@@ -51,11 +51,15 @@ def pipeline_options(config: TrainConfig, split: data.Split, training: bool, num
 
 
 @contextlib.contextmanager
-def bad_data_stops_the_job(config: TrainConfig):
-    """The input pipeline's "too many undecodable images" becomes one line and exit 2."""
+def bad_data_stops_the_job(config: TrainConfig, class_names):
+    """The input pipeline's "too many undecodable images" and "label outside the classes" become
+    one line and exit 2."""
     try:
         yield
     except tf.errors.InvalidArgumentError as error:
+        bad_label = data.label_outside_classes(error)
+        if bad_label is not None:
+            raise sources.DataError(sources.label_error(*bad_label, class_names)) from None
         if not data.too_many_bad_examples(error):
             raise
         raise sources.DataError(

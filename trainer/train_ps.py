@@ -22,7 +22,7 @@ import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, exits, export, model as model_lib, precision, preemption, strategy as strategy_lib, train
+from trainer import callbacks, data, exits, export, model as model_lib, precision, preemption, storage, strategy as strategy_lib, train
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
@@ -89,7 +89,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         callbacks.HypertuneReport(config.hypertune_metric),
     ]
     try:
-        with train.bad_data_stops_the_job(config):
+        with train.bad_data_stops_the_job(config, train_split.class_names):
             model.fit(
                 tf.keras.utils.experimental.DatasetCreator(dataset_fn),
                 epochs=config.epochs,
@@ -98,6 +98,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                 verbose=0,  # EpochLog reports each epoch
             )
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
+        if storage.failure(error):
+            raise  # trainer.task reports it
         first_line = (error.message or type(error).__name__).strip().splitlines()[0]
         print(
             f"trainer.task: error: lost a parameter server ({type(error).__name__}: {first_line[:200]}); "

@@ -79,3 +79,32 @@ def test_validation_data_of_other_classes_is_refused(tmp_path):
     result = train(tmp_path, dataset, "--eval-dataset", f"tfrecord:{tmp_path}/other/train-*.tfrecord")
     assert result.returncode == 2
     assert "has classes a, b, c, d, e, but --dataset" in one_error_line(result)
+
+
+def write_described(directory, labels) -> list[str]:
+    """Shards with a dataset.json that describes each file (what trainer.prepare writes)."""
+    rng = np.random.default_rng(2)
+    examples = [(tf.io.encode_jpeg(rng.integers(0, 255, size=(40, 40, 3), dtype=np.uint8)).numpy(), label, f"id-{i}")
+                for i, label in enumerate(labels)]
+    paths, count = records.write_shards(examples, str(directory), "train", 2)
+    records.write_metadata(str(directory), records.CASSAVA_CLASS_NAMES, "train", count, len(paths), paths)
+    return paths
+
+
+def test_a_truncated_described_file_is_named_from_its_size_before_training(tmp_path):
+    paths = write_described(tmp_path / "data", [i % 5 for i in range(16)])
+    with open(paths[1], "r+b") as handle:
+        handle.truncate(len(open(paths[1], "rb").read()) - 500)
+    result = train(tmp_path, f"tfrecord:{tmp_path}/data/train-*.tfrecord")
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert f"{paths[1]} is truncated or corrupt (" in line and "dataset.json recorded" in line
+    assert "epoch 1/1 begins" not in result.stderr
+
+
+def test_a_label_outside_the_classes_in_a_described_file_stops_the_job_when_read(tmp_path):
+    # Start-up reads no data when dataset.json describes the files: the input pipeline finds the label.
+    paths = write_described(tmp_path / "data", [i % 5 for i in range(15)] + [9])
+    result = train(tmp_path, f"tfrecord:{tmp_path}/data/train-*.tfrecord", "--steps-per-epoch", "4")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(f"trainer.task: error: {paths[1]}: label 9 is outside the 5 classes")

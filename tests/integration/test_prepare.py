@@ -136,7 +136,14 @@ def test_dataset_json_names_the_classes_in_label_order_and_counts_each_split(tmp
                          "--split", "validation"]) == 0
     metadata = records.read_metadata(str(out))
     assert metadata.class_names == tuple(seven) and metadata.image_format == "jpeg" and metadata.format_version == 1
-    assert metadata.splits == {"train": {"examples": 14, "shards": 3}, "validation": {"examples": 7, "shards": 2}}
+    assert {split: (entry["examples"], entry["shards"]) for split, entry in metadata.splits.items()} == {
+        "train": (14, 3), "validation": (7, 2)}
+    # Each file's count and size, which let training start without reading the data.
+    for split, entry in metadata.splits.items():
+        assert sum(f["examples"] for f in entry["files"].values()) == entry["examples"]
+        for name, described in entry["files"].items():
+            assert described["bytes"] == (out / name).stat().st_size
+            assert described["examples"] == records.count_records([str(out / name)])
     split, ids = read_back(str(out / "train-*.tfrecord"))
     assert split.class_names == tuple(seven) and split.num_classes == 7
     assert ids["grape/1.jpg"] == 6
