@@ -4,8 +4,8 @@ decides whether to restart it.
 | code | meaning                                                    | a restart ...        |
 |------|------------------------------------------------------------|----------------------|
 | 0    | done                                                       | is not needed        |
-| 2    | configuration or bad input (flags, TF_CONFIG, data, paths) | cannot help: permanent |
-| 143  | this task lost its cluster, or was preempted (SIGTERM)     | resumes from the backup |
+| 2    | configuration or bad input (flags, TF_CONFIG, data, paths, a missing or forbidden bucket) | cannot help: permanent |
+| 143  | this task lost its cluster, was preempted (SIGTERM), or Cloud Storage failed past the client's retries | resumes from the backup |
 | else | a bug                                                      | may or may not help  |
 
 143 (128 + SIGTERM) is one of the codes Kubeflow's `restartPolicy: ExitCode` retries (130, 137,

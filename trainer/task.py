@@ -76,13 +76,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("role: %s, strategy: %s, model dir: %s", cluster.task_name, strategy_name, config.model_dir)
     prepare_environment(cluster, strategy_name, os.environ)
 
-    from trainer import sources
+    from trainer import sources, storage
 
     try:
+        # Every task, before anything writes: makedirs under a missing bucket never returns.
+        storage.check_buckets([config.model_dir, config.checkpoint_dir, config.tensorboard_dir, config.data_dir,
+                               config.dataset.value, config.eval_dataset.value if config.eval_dataset else None])
         return _run_role(config, cluster, strategy_name)
-    except (StartupError, sources.DataError) as error:
+    except (StartupError, sources.DataError, storage.StorageError) as error:
         print(f"trainer.task: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:
+        verdict = storage.failure(error)
+        if verdict is None:
+            raise
+        code, line = verdict
+        print(f"trainer.task: error: {line}", file=sys.stderr)
+        return code
 
 
 def _run_role(config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, strategy_name: str) -> int:

@@ -11,7 +11,7 @@ import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, exits, model as model_lib, outputs, precision, preemption, saving, sources
+from trainer import callbacks, data, exits, model as model_lib, outputs, precision, preemption, saving, sources, storage
 from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
@@ -150,7 +150,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         callback_list.append(callbacks.HypertuneReport(config.hypertune_metric))
 
     try:
-        with bad_data_stops_the_job(config):
+        with bad_data_stops_the_job(config, train_split.class_names):
             model.fit(
                 train_dataset,
                 epochs=config.epochs,
@@ -165,7 +165,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
               f"step {stop.step} (exit {exits.RETRYABLE})", file=sys.stderr)
         return exits.RETRYABLE
     except LOST_PEER_ERRORS as error:
-        if not cluster.is_distributed:
+        if not cluster.is_distributed or storage.failure(error):
             raise
         print(f"trainer.task: error: lost {lost_peer(error)} of this {strategy_name} job ({type(error).__name__}: "
               f"{error_summary(error)}); a restart resumes at {backup.describe_resume()} (exit {exits.RETRYABLE})",
