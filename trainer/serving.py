@@ -12,6 +12,8 @@ Both return `probabilities` (float32 [N, classes]), `class_index` (int64 [N]) an
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Sequence
 
 import tensorflow as tf
@@ -44,6 +46,25 @@ def signatures(model: tf.keras.Model, class_names: Sequence[str], image_size: in
     return {BYTES_SIGNATURE: from_bytes, PIXELS_SIGNATURE: from_pixels}
 
 
+log = logging.getLogger("trainer")
+
+
 def save(model: tf.keras.Model, path: str, class_names: Sequence[str], image_size: int) -> None:
-    """Saves the Keras model as a SavedModel with both signatures."""
-    model.save(path, signatures=signatures(model, class_names, image_size))
+    """Saves the Keras model as a SavedModel with both signatures, and logs its size and time.
+
+    Without the optimizer: Adam's two slots per weight are two thirds of what a model with them
+    stores, serving reads none of them, and every byte is written to the bucket at the end of
+    the job and read again at deploy. Training state lives in the checkpoints and the backup.
+    """
+    started = time.monotonic()
+    model.save(path, include_optimizer=False, signatures=signatures(model, class_names, image_size))
+    size = directory_bytes(path)
+    log.info("exported %s: %.1f MB in %.1fs", path, size / 1e6, time.monotonic() - started)
+
+
+def directory_bytes(path: str) -> int:
+    """Bytes under `path` (local or gs://)."""
+    total = 0
+    for directory, _, files in tf.io.gfile.walk(path):
+        total += sum(tf.io.gfile.stat(f"{directory.rstrip('/')}/{name}").length for name in files)
+    return total
