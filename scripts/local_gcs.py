@@ -107,13 +107,16 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
 @dataclasses.dataclass
 class Fault:
     """Answer `status` instead of forwarding, `times` times, to requests whose method and
-    path (with query) match. `status` None: only run `action` (a test's hook)."""
+    path (with query) match. `status` None: run `action` (a test's hook) first; when it returns
+    true and `drop` is set, close the connection unanswered (the client died mid-request),
+    else forward the request."""
 
     status: int | None
     times: int
     method: str = ""
     path: str = ""  # a regular expression searched in the request's path and query
-    action: Callable[[str, str], None] | None = None  # called with (method, path)
+    action: Callable[[str, str], bool | None] | None = None  # called with (method, path)
+    drop: bool = False
     seen: int = 0
 
     def matches(self, method: str, path: str) -> bool:
@@ -231,7 +234,9 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
         method, path = self.command, self.path
         fault = self.server.fault_for(method, path)
         if fault and fault.action:
-            fault.action(method, path)
+            if fault.action(method, path) and fault.drop:
+                self.close_connection = True
+                return
         if fault and fault.status:
             return self._reply(fault.status, {"Content-Type": "application/json"}, json.dumps(
                 {"error": {"code": fault.status, "message": f"injected by local_gcs ({http.client.responses.get(fault.status, '')})"}}).encode())
@@ -350,8 +355,9 @@ class LocalGCS:
     def fail(self, status: int, times: int, method: str = "", path: str = "") -> Fault:
         return self._add(Fault(status, times, method, path))
 
-    def on_request(self, action: Callable[[str, str], None], method: str = "", path: str = "", times: int = 1) -> Fault:
-        return self._add(Fault(None, times, method, path, action))
+    def on_request(self, action: Callable[[str, str], bool | None], method: str = "", path: str = "", times: int = 1,
+                   drop: bool = False) -> Fault:
+        return self._add(Fault(None, times, method, path, action, drop))
 
     def _add(self, fault: Fault) -> Fault:
         with self.front.lock:

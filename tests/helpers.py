@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +28,10 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
                           capture_output=True, text=True, timeout=timeout)
 
 
-def launch_until(args, pattern: str, action) -> tuple[int, str]:
-    """Runs trainer.launch with `args`; when an output line matches `pattern`, calls
-    action(output so far, launcher process). Returns the exit code and all output."""
-    import re
-
-    launcher = subprocess.Popen([sys.executable, "-m", "trainer.launch", *args], cwd=REPO, env=clean_env(),
+def launch_until(args, pattern: str, action, env: dict | None = None, module: str = "trainer.launch") -> tuple[int, str]:
+    """Runs `module` (trainer.launch) with `args`; when an output line matches `pattern`, calls
+    action(output so far, the process). Returns the exit code and all output."""
+    launcher = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env or clean_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
@@ -95,3 +94,23 @@ def served_predictions(model_dir, count: int = 4) -> dict:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# What the trainer's log says about backups and epochs (trainer.preemption, trainer.callbacks).
+# In a launcher's output each line starts with [task-name]; task=None reads one process's own.
+def _prefix(task: str | None) -> str:
+    return rf"\[{task}\] " if task else ""
+
+
+def epochs_begun(output: str, task: str | None = "chief-0") -> list[int]:
+    return [int(n) for n in re.findall(rf"^{_prefix(task)}.*trainer: epoch (\d+)/\d+ begins$", output, re.M)]
+
+
+def backups_reported(output: str, task: str | None = "chief-0") -> list[tuple[int, int]]:
+    return [(int(e), int(s)) for e, s in re.findall(
+        rf"^{_prefix(task)}.*trainer: backup saved in \d+\.\ds: a restart resumes at epoch (\d+) step (\d+)$", output, re.M)]
+
+
+def resumed_at(output: str, task: str | None = "chief-0") -> tuple[int, int] | None:
+    match = re.search(rf"^{_prefix(task)}.*trainer: resumed from backup at epoch (\d+) step (\d+)$", output, re.M)
+    return (int(match.group(1)), int(match.group(2))) if match else None

@@ -59,6 +59,11 @@ def check_writable(*paths: str) -> None:
                 handle.write("ok")
             tf.io.gfile.remove(probe)
         except (tf.errors.OpError, OSError) as error:
+            from trainer import exits, storage
+
+            verdict = storage.failure(error)
+            if verdict and verdict[0] == exits.RETRYABLE:
+                raise  # Cloud Storage is down, not the path wrong: main reports it as retryable
             message = getattr(error, "message", None) or str(error)
             raise StartupError(f"cannot write to {path}: {message.splitlines()[0]}") from None
 

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions
+from helpers import (REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module,
+                     saved_model_op_dtypes, served_predictions)
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
 
@@ -23,10 +24,6 @@ def launch(tmp_path, data_root, *task_args, workers=2, timeout=600):
         "--data-dir", str(data_root), *task_args, timeout=timeout,
     )
     return result, work
-
-
-def epochs_begun(output: str, task: str = "chief-0") -> list[int]:
-    return [int(n) for n in re.findall(rf"^\[{task}\] .*trainer: epoch (\d+)/\d+ begins$", output, re.M)]
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +132,6 @@ def test_two_workers_train_the_real_resnet50(tmp_path, data_root):
     assert "strategy=multi_worker_mirrored replicas=2 global_batch=128" in result.stdout
     assert (model_dir / "saved_model.pb").exists()
     assert os.listdir(work / "worker-0" / "tmp") == []
-
-
-def backups_reported(output: str) -> list[tuple[int, int]]:
-    return [(int(e), int(s)) for e, s in
-            re.findall(r"^\[chief-0\] .*trainer: backup saved in \d+\.\ds: a restart resumes at epoch (\d+) step (\d+)$", output, re.M)]
-
-
-def resumed_at(output: str, task: str = "chief-0") -> tuple[int, int] | None:
-    match = re.search(rf"^\[{task}\] .*trainer: resumed from backup at epoch (\d+) step (\d+)$", output, re.M)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def preemptible_args(tmp_path, data_root, every_steps: int):
