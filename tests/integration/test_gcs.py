@@ -98,3 +98,102 @@ def test_outputs_land_in_the_bucket_and_nothing_else(vertex_style_runs, gcs_serv
     assert in_gcs == local_files(local)
     assert {"model/saved_model.pb", "checkpoints/epoch-0002.index"} <= in_gcs
     assert any(fnmatch.fnmatch(name, "logs/train/events.out.tfevents.*") for name in in_gcs)
+
+
+def test_the_export_holds_no_optimizer_state_and_the_log_gives_its_size_and_time(vertex_style_runs):
+    import trainer  # noqa: F401
+    import tensorflow as tf
+
+    in_bucket, _, local = vertex_style_runs
+    assert re.search(r"^\[chief-0\] .*trainer: exported gs://cassava-jobs/job-1/model/: \d+\.\d MB in \d+\.\ds$",
+                     in_bucket.stdout, re.M), in_bucket.stdout[-3000:]
+    names = [name for name, _ in tf.train.list_variables(str(local / "model" / "variables" / "variables"))]
+    assert any("kernel" in name for name in names)
+    assert not [name for name in names if "optimizer" in name.lower()], names
+
+
+def test_predict_reads_the_model_and_images_from_the_bucket(vertex_style_runs, gcs_server, tmp_path):
+    import trainer  # noqa: F401
+    import tensorflow as tf
+    from trainer import synthetic
+
+    rng = np.random.default_rng(3)
+    env = clean_env(**gcs_server.environ())
+    local_image = tmp_path / "leaf.jpg"
+    local_image.write_bytes(tf.io.encode_jpeg(synthetic.make_image(rng, 3, size=(90, 120))).numpy())
+    copy = subprocess_copy(local_image, "gs://cassava-jobs/images/leaf.jpg", env)
+    assert copy.returncode == 0, copy.stderr[-2000:]
+    result = run_module("trainer.predict", "gs://cassava-jobs/job-1/model", str(local_image),
+                        "gs://cassava-jobs/images/leaf.jpg", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [row[0] for row in rows] == [str(local_image), "gs://cassava-jobs/images/leaf.jpg"]
+    assert rows[0][1:] == rows[1][1:] and rows[0][1] in synthetic.CLASS_NAMES
+
+
+def subprocess_copy(source, destination: str, env):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "import sys, tensorflow as tf; tf.io.gfile.copy(sys.argv[1], sys.argv[2], "
+                           "overwrite=True)", str(source), destination], env=env, capture_output=True, text=True, timeout=120)
+
+
+TFDS_TASK = """
+import sys
+import tensorflow_datasets as tfds
+from trainer import prepare, task
+main = prepare.main if sys.argv[1] == "prepare" else task.main
+with tfds.testing.mock_data(num_examples=24):
+    sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_tfds_cassava_with_a_bucket_data_dir_prepares_and_trains_without_tfds_public_bucket(gcs, tmp_path):
+    import subprocess
+    import sys
+
+    gcs.create_bucket("tfds-job")
+    buckets = set()
+    gcs.on_request(lambda method, path: buckets.add(re.sub(r"^(/upload)?(/storage/v1/b)?/([^/?]+).*", r"\3", path)),
+                   times=10**6)
+    env = clean_env(**gcs.environ())
+    prepared = subprocess.run([sys.executable, "-c", TFDS_TASK, "prepare", "--source", "tfds:cassava", "--data-dir",
+                               "gs://tfds-job/tfds", "--output", "gs://tfds-job/prepared", "--shards", "2"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    assert {"prepared/dataset.json", "prepared/train-00000-of-00002.tfrecord"} <= set(gcs.list("tfds-job", "prepared/"))
+    trained = subprocess.run([sys.executable, "-c", TFDS_TASK, "task", "--dataset", "tfds:cassava", "--data-dir",
+                              "gs://tfds-job/tfds", "--epochs", "1", "--steps-per-epoch", "2", *SMALL_RUN,
+                              "--model-dir", "gs://tfds-job/model"], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "model/saved_model.pb" in gcs.list("tfds-job", "model/")
+    # TFDS 4.9 keeps its public bucket (gs://tfds-data) switched off: no request for it, or any other.
+    assert buckets == {"tfds-job"}, buckets
+
+
+def test_a_tuning_trial_writes_under_its_trial_directory(gcs, data_root):
+    gcs.create_bucket("hp-job")
+    base = "gs://hp-job/study/7"  # Vertex AI sets AIP_* under BASE/<trial id>/ for a trial
+    result = run_module("trainer.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
+                        "--steps-per-epoch", "2", *SMALL_RUN,
+                        env=clean_env(**gcs.environ(), CLOUD_ML_TRIAL_ID="7", AIP_MODEL_DIR=f"{base}/model/",
+                                      AIP_CHECKPOINT_DIR=f"{base}/checkpoints/", AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = gcs.list("hp-job")
+    assert names and all(name.startswith("study/7/") or name == "study/" for name in names), names
+    assert {"study/7/model/saved_model.pb", "study/7/checkpoints/epoch-0001.index"} <= set(names)
+
+
+def test_parameter_server_job_with_evaluator_keeps_its_checkpoints_in_the_bucket(gcs, data_root, tmp_path):
+    gcs.create_bucket("ps-job")
+    result = run_module("trainer.launch", "--workers", "2", "--ps", "1", "--evaluator", "--work-dir", str(tmp_path / "work"),
+                        "--timeout", "500", "--", "--data-dir", str(data_root), "--dataset", "synthetic:64",
+                        "--epochs", "2", "--steps-per-epoch", "4", *SMALL_RUN, "--model-dir", "gs://ps-job/model",
+                        env=clean_env(**gcs.environ()))
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "evaluator: evaluated the final checkpoint (epoch 2)" in result.stdout
+    names = set(gcs.list("ps-job"))
+    assert {"model/saved_model.pb", "checkpoints/epoch-0002.index"} <= names
+    assert any(name.startswith("logs/eval/events.out.tfevents.") for name in names), sorted(names)
