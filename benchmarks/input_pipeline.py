@@ -1,12 +1,17 @@
 """Input pipeline benchmark: the lab's pipeline against the trainer's, per simulated worker.
 
-    python benchmarks/input_pipeline.py [--quick] [--images N] [--repeats R]
+    python benchmarks/input_pipeline.py [--quick] [--images N] [--repeats R] [--no-bucket] [--latency-ms MS]
 
 One process, the same generated TFRecords (600x450 JPEG, quality 90) for every measurement.
 For N = 1, 2 and 4 simulated workers it times worker 0 with:
   baseline  the lab's pipeline (see `lab_pipeline`), DATA sharding;
   trainer   trainer.data.make_dataset, as training uses it (cache on);
-  limit     decoding worker 0's share of the JPEGs and nothing else.
+  limit     decoding worker 0's share of the JPEGs and nothing else;
+  bucket    the trainer's pipeline reading the same files from a Cloud Storage bucket: the local
+            server (scripts/local_gcs.py, in a process of its own) delays every request by
+            --latency-ms, Cloud Storage's time to first byte, and TensorFlow's own GCS client
+            reads through it. The server shares the 2 cores with the pipeline (real Cloud
+            Storage costs the machine nothing), so this ratio is a lower bound.
 Epochs 1 and 2 are timed separately; after a warm-up round, each measurement is repeated and the
 median reported.
 The table goes to stdout and to benchmarks/RESULTS.md, with a line saying whether the trainer
@@ -20,6 +25,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -28,12 +34,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import trainer  # noqa: E402,F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf  # noqa: E402
 
-from trainer import data, records, synthetic  # noqa: E402
+from trainer import data, records, storage, synthetic  # noqa: E402
 
 IMAGE_SIZE = 300
 BATCH = 64
 NUM_FILES = 16
 IMAGE_SHAPE = (450, 600)  # height, width
+# Cloud Storage's time to first byte for a small read in the same region is tens of
+# milliseconds; 30 ms, on every request, metadata included.
+BUCKET_LATENCY_MS = 30.0
 
 
 def lab_pipeline(files: list[str], num_workers: int, worker: int) -> tf.data.Dataset:
@@ -118,13 +127,17 @@ def timed_epochs(iterator, batches_per_epoch: int, epochs: int) -> list[tuple[fl
     return results
 
 
-def measure(files, num_images, num_workers, repeats):
+def measure(files, num_images, num_workers, repeats, bucket_files=None):
     share = num_images // num_workers
     batches = share // BATCH
     split = data.Split(name="train", num_examples=num_images, class_names=synthetic.CLASS_NAMES, files=tuple(files))
     options = data.PipelineOptions(image_size=IMAGE_SIZE, per_replica_batch_size=BATCH, training=True, cache=True, seed=0)
     context = tf.distribute.InputContext(num_input_pipelines=num_workers, input_pipeline_id=0, num_replicas_in_sync=num_workers)
     rows = {"baseline": ([], []), "trainer": ([], []), "limit": ([], [])}
+    if bucket_files:
+        rows["bucket"] = ([], [])
+        bucket_split = data.Split(name="train", num_examples=num_images, class_names=synthetic.CLASS_NAMES,
+                                  files=tuple(bucket_files))
     # Round 0 is a warm-up and is not recorded. It pays the process's one-time costs, which belong
     # to no epoch: tracing, thread pools, and first-touch page faults on fresh memory (the lab's
     # shuffle buffer alone is 1,000 float32 images, about 1 GB; its first pass ran 3x slower).
@@ -135,6 +148,8 @@ def measure(files, num_images, num_workers, repeats):
                 epoch_results = [timed_epochs(iter(dataset), batches, 1)[0] for _ in range(2)]  # re-iterated: decodes again
             elif name == "trainer":
                 epoch_results = timed_epochs(iter(data.make_dataset(split, options, context)), batches, 2)
+            elif name == "bucket":
+                epoch_results = timed_epochs(iter(data.make_dataset(bucket_split, options, context)), batches, 2)
             else:
                 epoch_results = timed_epochs(iter(decode_limit(files, num_workers, 0)), batches, 1) * 2
             for epoch, (seconds, examples) in enumerate(epoch_results):
@@ -160,6 +175,68 @@ def targets(results: dict) -> str:
             f"({'meets' if later >= LATER_EPOCH_TARGET else 'MISSES'} the x{LATER_EPOCH_TARGET:.0f} target).")
 
 
+# Epoch 1 from a bucket against the same pipeline on local disk.
+BUCKET_TARGET = 0.8
+
+
+def bucket_verdict(results: dict) -> str:
+    ratios = {n: r["bucket"][0] / r["trainer"][0] for n, r in sorted(results.items()) if "bucket" in r}
+    ok = all(ratio >= BUCKET_TARGET for ratio in ratios.values())
+    return (f"Epoch 1 from the bucket against local disk, at least x{BUCKET_TARGET}: {'yes' if ok else 'NO'} ("
+            + ", ".join(f"N={n}: x{ratio:.2f}" for n, ratio in ratios.items()) + ").")
+
+
+class BucketCopy:
+    """The benchmark's files in a bucket of the local Cloud Storage server, which runs in a
+    process of its own; this process's environment is pointed at it before TensorFlow's GCS
+    client first starts (it reads its settings then)."""
+
+    def __init__(self, latency_ms: float):
+        import subprocess
+
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "scripts.local_gcs", "--bucket", "bench", "--latency-ms", str(latency_ms)],
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), stdout=subprocess.PIPE, text=True)
+        for key, value in storage.CLIENT_ENVIRONMENT.items():  # what trainer.task sets
+            os.environ.setdefault(key, value)
+        for line in self.server.stdout:
+            if line.startswith("export "):
+                key, _, value = line[len("export "):].strip().partition("=")
+                os.environ[key] = value
+            if "Ctrl-C" in line:
+                break
+        else:
+            raise RuntimeError("scripts/local_gcs.py did not start")
+        self.latency_ms = latency_ms
+
+    def upload(self, files: list[str]) -> list[str]:
+        copies = [f"gs://bench/{os.path.basename(path)}" for path in files]
+        for path, copy in zip(files, copies):
+            tf.io.gfile.copy(path, copy, overwrite=True)
+        return copies
+
+    def stop(self) -> None:
+        self.server.terminate()
+        self.server.wait(timeout=30)
+
+
+def cpu_model() -> str:
+    """The CPU's name and the vector extensions that decide these figures, from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            text = cpuinfo.read()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next(iter(re.findall(r"^model name\s*:\s*(.+)$", text, re.M)), "unknown CPU").strip()
+    family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.M)
+    model = re.search(r"^model\s*:\s*(\d+)$", text, re.M)
+    if family and model:  # VMs often name only the brand; family 25 is AMD Zen 3/4, 26 Zen 5
+        name += f" (family {family.group(1)}, model {model.group(1)})"
+    flags = set(next(iter(re.findall(r"^flags\s*:\s*(.+)$", text, re.M)), "").split())
+    shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
+    return f"{name}: {' '.join(shown) or 'no AVX2'}"
+
+
 def generate(directory: str, num_images: int) -> list[str]:
     marker = os.path.join(directory, f"complete-{num_images}")
     if not os.path.exists(marker):
@@ -179,39 +256,59 @@ def main(argv=None) -> int:
     parser.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"),
                         help="where to write the table ('' for nowhere)")
     parser.add_argument("--workers", default="1,2,4", help="simulated worker counts")
+    parser.add_argument("--no-bucket", action="store_true", help="leave out the rows read from a bucket")
+    parser.add_argument("--latency-ms", type=float, default=BUCKET_LATENCY_MS,
+                        help=f"delay of every request to the bucket (default {BUCKET_LATENCY_MS:.0f})")
     args = parser.parse_args(argv)
     num_images = args.images or (1024 if args.quick else 2048)
     repeats = args.repeats or (3 if args.quick else 5)
     files = generate(os.path.join(args.data_dir, f"n{num_images}"), num_images)
+    bucket = bucket_files = None
+    if not args.no_bucket:
+        bucket = BucketCopy(args.latency_ms)
+        try:
+            bucket_files = bucket.upload(files)
+        except BaseException:
+            bucket.stop()
+            raise
 
     header = "| workers | pipeline | epoch 1 img/s | epoch 2 img/s |\n|---|---|---|---|"
     lines, results = [header], {}
+    print(f"machine: {cpu_model()}", flush=True)
     print(header, flush=True)
-    for num_workers in (int(n) for n in args.workers.split(",")):
-        results[num_workers] = measure(files, num_images, num_workers, repeats)
-        for name, (epoch1, epoch2) in results[num_workers].items():
-            line = f"| {num_workers} | {name} | {epoch1:,.0f} | {epoch2:,.0f} |"
-            lines.append(line)
-            print(line, flush=True)
+    try:
+        for num_workers in (int(n) for n in args.workers.split(",")):
+            results[num_workers] = measure(files, num_images, num_workers, repeats, bucket_files)
+            for name, (epoch1, epoch2) in results[num_workers].items():
+                line = f"| {num_workers} | {name} | {epoch1:,.0f} | {epoch2:,.0f} |"
+                lines.append(line)
+                print(line, flush=True)
+    finally:
+        if bucket:
+            bucket.stop()
     decode_ms, resize_ms, ceiling = host_resize_ceiling(files)
     ceiling_line = (f"One thread: decode {decode_ms:.2f} ms/image, decode and resize to {IMAGE_SIZE} px "
                     f"{resize_ms:.2f} ms/image, so a pipeline that resizes on the host reaches at most "
                     f"{ceiling:.2f} of the decode-only limit.")
     print(ceiling_line, flush=True)
     verdict = targets(results)
+    if bucket:
+        verdict += f"\n\n{bucket_verdict(results)} Every request to the bucket waited {args.latency_ms:.0f} ms."
     print(verdict, flush=True)
     largest = max(results)
     r = results[largest]
     summary = ("summary: " + " ".join(f"n{n}_epoch1_speedup={results[n]['trainer'][0] / results[n]['baseline'][0]:.2f}"
                                       for n in sorted(results))
                + f" n{largest}_epoch2_speedup={r['trainer'][1] / r['baseline'][1]:.2f}"
-               f" n{largest}_decode_limit_fraction={r['trainer'][0] / r['limit'][0]:.2f}")
+               f" n{largest}_decode_limit_fraction={r['trainer'][0] / r['limit'][0]:.2f}"
+               + "".join(f" n{n}_bucket_vs_disk={results[n]['bucket'][0] / results[n]['trainer'][0]:.2f}"
+                         for n in sorted(results) if "bucket" in results[n]))
     if args.results:
         command = "python benchmarks/input_pipeline.py" + (" --quick" if args.quick else "")
         with open(args.results, "w") as out:
             out.write(
                 f"# Input pipeline benchmark\n\n`{command}` on {datetime.date.today().isoformat()}, "
-                f"{os.cpu_count()} CPUs, {platform.machine()}, TensorFlow {tf.__version__}; "
+                f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.machine()}, TensorFlow {tf.__version__}; "
                 f"{num_images} JPEGs of {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[0]}, batch {BATCH}, {IMAGE_SIZE} px, "
                 f"median of {repeats}. Images per second for worker 0.\n\n" + "\n".join(lines)
                 + f"\n\n{ceiling_line}\n\n{verdict}\n\n`{summary}`\n"

@@ -257,13 +257,22 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
         try:
             backend.request(method, path, body=body, headers=headers)
             response = backend.getresponse()
-            payload = response.read()
             headers = {k: v for k, v in response.getheaders() if k.lower() not in _NOT_FORWARDED}
             if "Location" in headers:
                 # fake-gcs-server builds the resumable-upload URL from the scheme it was reached
                 # by (plain http here); the client must come back through Front, over https.
                 headers["Location"] = re.sub(r"^http://", "https://", headers["Location"])
-            self._reply(response.status, headers, payload, head=method == "HEAD")
+            length = response.getheader("Content-Length")
+            if length is None or method == "HEAD":
+                return self._reply(response.status, headers, response.read(), head=method == "HEAD")
+            # Streamed, as Cloud Storage sends a large object: the first bytes arrive before the last.
+            self.send_response(response.status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", length)
+            self.end_headers()
+            while chunk := response.read(1 << 20):
+                self.wfile.write(chunk)
         finally:
             backend.close()
 

@@ -36,6 +36,10 @@ class StartupError(RuntimeError):
 def prepare_environment(cluster: cluster_lib.Cluster, strategy_name: str, environ) -> None:
     """The variables TensorFlow reads once, at start-up. Must run before TensorFlow is imported."""
     environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    from trainer import storage
+
+    for key, value in storage.CLIENT_ENVIRONMENT.items():
+        environ.setdefault(key, value)
     if cluster.tf_config is None or cluster.task_type == cluster_lib.EVALUATOR:
         # The evaluator is not part of the training cluster and must not try to join it.
         environ.pop("TF_CONFIG", None)

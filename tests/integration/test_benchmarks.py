@@ -15,10 +15,18 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
         capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = re.search(r"^summary: n1_epoch1_speedup=(\d+\.\d\d) n2_epoch1_speedup=(\d+\.\d\d) "
-                        r"n2_epoch2_speedup=(\d+\.\d\d) n2_decode_limit_fraction=\d+\.\d\d$", result.stdout, re.M)
+                        r"n2_epoch2_speedup=(\d+\.\d\d) n2_decode_limit_fraction=\d+\.\d\d "
+                        r"n1_bucket_vs_disk=(\d+\.\d\d) n2_bucket_vs_disk=(\d+\.\d\d)$", result.stdout, re.M)
     assert summary, result.stdout
     # The verdict line states the targets from the same figures.
-    n1, n2, later = map(float, summary.groups())
+    n1, n2, later, bucket1, bucket2 = map(float, summary.groups())
+    assert re.search(r"^machine: .+: ", result.stdout, re.M), result.stdout  # figures say where they come from
+    # The bucket rows: the same pipeline reading the same files from the local Cloud Storage server.
+    bucket = re.search(r"^Epoch 1 from the bucket against local disk, at least x0\.8: (yes|NO) \(N=1: x(\S+), "
+                       r"N=2: x(\S+)\)\. Every request to the bucket waited 30 ms\.$", result.stdout, re.M)
+    assert bucket, result.stdout
+    assert (bucket.group(1) == "yes") == (float(bucket.group(2)) >= 0.8 and float(bucket.group(3)) >= 0.8)
+    assert abs(float(bucket.group(2)) - bucket1) < 0.011 and abs(float(bucket.group(3)) - bucket2) < 0.011
     verdict = re.search(r"^Epoch 1 at least the lab's at every N: (yes|NO) \(N=1: x(\S+), N=2: x(\S+)\)\. "
                         r"Epoch 2 at N=2: x(\S+) the lab's \((meets|MISSES) the x20 target\)\.$", result.stdout, re.M)
     assert verdict, result.stdout
@@ -31,7 +39,7 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
     decode_ms, resize_ms, fraction = map(float, ceiling.groups())
     assert 0 < decode_ms and abs(fraction - decode_ms / resize_ms) < 0.02  # the bound is what was timed
     table = (tmp_path / "RESULTS.md").read_text()
-    assert table.count("| 2 |") == 3 and "summary:" in table and ceiling.group(0) in table and verdict.group(0) in table
+    assert table.count("| 2 |") == 4 and "summary:" in table and ceiling.group(0) in table and verdict.group(0) in table
 
 
 def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():

@@ -44,3 +44,15 @@ def test_retries_running_out_is_retryable():
 ])
 def test_other_errors_are_not_storage_errors(raised):
     assert storage.failure(raised) is None
+
+
+def test_the_task_sets_the_gcs_client_settings_unless_the_user_did():
+    from trainer import cluster as cluster_lib, task
+
+    cluster = cluster_lib.resolve({})
+    environ = {}
+    task.prepare_environment(cluster, "mirrored", environ)
+    assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "4"
+    environ = {"GCS_READ_CACHE_BLOCK_SIZE_MB": "64"}
+    task.prepare_environment(cluster, "mirrored", environ)
+    assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "64"
