@@ -24,3 +24,20 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("budgets")
         for line in BUDGETS:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """The local Cloud Storage server (scripts/local_gcs.py), one for the whole session; every
+    test makes buckets of its own."""
+    from scripts.local_gcs import LocalGCS
+
+    with LocalGCS(tmp_path_factory.mktemp("gcs")) as server:
+        yield server
+
+
+@pytest.fixture
+def gcs(gcs_server):
+    """The server, with the faults and latency a test injected cleared after it."""
+    yield gcs_server
+    gcs_server.clear_faults()

@@ -137,6 +137,24 @@ def test_training_inside_the_cpu_image_writes_the_model_to_the_host(engine, cpu_
     assert {"checkpoints", "logs", "model"} <= set(os.listdir(out))
 
 
+def test_training_inside_the_cpu_image_writes_to_a_bucket_at_googles_hostnames(engine, cpu_image, gcs_server):
+    """The image's TensorFlow reaches the local Cloud Storage server as it would Cloud Storage:
+    only the proxy, the CA and the AIP_* variables Vertex AI sets are passed in."""
+    tool, env = engine
+    gcs_server.create_bucket("container-job")
+    run = [tool, "run", "--rm", "--init", "--network", "host",  # the proxy listens on the host's loopback
+           "-v", f"{gcs_server.ca}:/etc/local-gcs-ca.pem:ro"]
+    for key, value in gcs_server.environ().items():
+        run += ["-e", f"{key}={'/etc/local-gcs-ca.pem' if key == 'CURL_CA_BUNDLE' else value}"]
+    for key, directory in (("AIP_MODEL_DIR", "model"), ("AIP_CHECKPOINT_DIR", "checkpoints"),
+                           ("AIP_TENSORBOARD_LOG_DIR", "logs")):
+        run += ["-e", f"{key}=gs://container-job/job/{directory}/"]
+    sh(*run, cpu_image, *SMALL_TRAINING, env=env)
+    names = gcs_server.list("container-job", "job/")
+    assert {"job/model/saved_model.pb", "job/checkpoints/epoch-0001.index"} <= set(names), names
+    assert any(name.startswith("job/logs/train/events.out.tfevents.") for name in names), names
+
+
 def test_two_container_multi_worker_job(engine, cpu_image, tmp_path):
     tool, env = engine
     network = f"cassava-{uuid.uuid4().hex[:8]}"
