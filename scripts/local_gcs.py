@@ -407,7 +407,8 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=0, help="the proxy's port (default: a free one)")
     parser.add_argument("--latency-ms", type=float, default=0, help="delay every request by this much")
     args = parser.parse_args(argv)
-    root = Path(args.root or tempfile.mkdtemp(prefix="local-gcs-"))
+    scratch = None if args.root else tempfile.TemporaryDirectory(prefix="local-gcs-")
+    root = Path(args.root or scratch.name)
     with LocalGCS(root, args.port) as server:
         server.front.latency_seconds = args.latency_ms / 1000
         for bucket in args.bucket:
@@ -422,6 +423,8 @@ def main(argv=None) -> int:
             stop.wait()
         except KeyboardInterrupt:
             pass
+    if scratch:
+        scratch.cleanup()
     return 0
 
 

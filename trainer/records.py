@@ -187,19 +187,18 @@ def _stat_sizes(paths: Sequence[str]) -> dict[str, int]:
         return dict(zip(paths, pool.map(lambda path: tf.io.gfile.stat(path).length, paths)))
 
 
-def described_summaries(files: Sequence[str]) -> list[FileSummary] | None:
-    """Each file's example count from the dataset.json beside it, or None when any file is not
-    described there (then they must be scanned). Labels are not known this way: they are checked
-    as the input pipeline reads them (trainer.data)."""
-    by_directory: dict[str, dict] = {}
+def described_summaries(files: Sequence[str], metadata: dict[str, Metadata | None]) -> list[FileSummary] | None:
+    """Each file's example count from the dataset.json of its directory (`metadata`: directory ->
+    what read_metadata returned), or None when any file is not described there (then they must
+    be scanned). Labels are not known this way: the input pipeline checks them as it reads them
+    (trainer.data)."""
+    described_files = {
+        directory: {name: entry for split in m.splits.values() for name, entry in (split.get("files") or {}).items()}
+        for directory, m in metadata.items() if m is not None}
     summaries = []
     for path in files:
         directory, _, name = path.rpartition("/")
-        if directory not in by_directory:
-            metadata = read_metadata(directory)
-            by_directory[directory] = {} if metadata is None else {
-                file_name: entry for split in metadata.splits.values() for file_name, entry in (split.get("files") or {}).items()}
-        entry = by_directory[directory].get(name)
+        entry = described_files.get(directory, {}).get(name)
         if entry is None:
             return None
         summaries.append(FileSummary(path, int(entry["examples"]), 0, -1, expected_bytes=int(entry["bytes"])))

@@ -44,15 +44,20 @@ def default_validation(spec: DatasetSpec) -> DatasetSpec | None:
     return spec if spec.scheme in ("tfds", "synthetic") else None
 
 
-def class_names_of(files: tuple[str, ...], spec: DatasetSpec) -> tuple[tuple[str, ...], str]:
-    """The classes the files' dataset.json names, and where they came from. Every directory the
-    files are in must describe the same classes; with no dataset.json anywhere, cassava's."""
+def metadata_of(files: tuple[str, ...], spec: DatasetSpec) -> dict[str, records.Metadata | None]:
+    """Each directory the files are in -> its dataset.json (None where it has none)."""
     described = {}
     for directory in sorted({os.path.dirname(path) for path in files}):
         try:
             described[directory] = records.read_metadata(directory)
         except records.MetadataError as error:
             raise DataError(f"--dataset {spec}: {error}") from None
+    return described
+
+
+def class_names_of(described: dict[str, records.Metadata | None], spec: DatasetSpec) -> tuple[tuple[str, ...], str]:
+    """The classes the files' dataset.json names, and where they came from. Every directory the
+    files are in must describe the same classes; with no dataset.json anywhere, cassava's."""
     found = {d: m for d, m in described.items() if m is not None}
     if not found:
         return DEFAULT_CLASS_NAMES, f"cassava's, as no {records.METADATA_FILE} is beside the files (trainer.prepare writes one)"
@@ -69,17 +74,16 @@ def _tfrecord_split(spec: DatasetSpec, split: str) -> Split:
     files = tuple(sorted(tf.io.gfile.glob(spec.value)))
     if not files:
         raise DataError(f"--dataset {spec}: the pattern matches no files")
-    class_names, origin = class_names_of(files, spec)
+    described = metadata_of(files, spec)
+    class_names, origin = class_names_of(described, spec)
     try:
-        summaries = records.described_summaries(files)
+        summaries = records.described_summaries(files, described)
         if summaries is not None:
             records.check_described(summaries)  # sizes only: start-up reads no data
         else:
             summaries = records.scan_files(files)
     except records.CorruptFile as error:
         raise DataError(f"--dataset {spec}: {error}; upload it again or rerun trainer.prepare") from None
-    except records.MetadataError as error:
-        raise DataError(f"--dataset {spec}: {error}") from None
     for summary in summaries:
         if summary.examples and summary.expected_bytes is None and (summary.min_label < 0 or summary.max_label >= len(class_names)):
             label = summary.max_label if summary.max_label >= len(class_names) else summary.min_label

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 from pathlib import Path
 
@@ -197,3 +198,33 @@ def test_parameter_server_job_with_evaluator_keeps_its_checkpoints_in_the_bucket
     names = set(gcs.list("ps-job"))
     assert {"model/saved_model.pb", "checkpoints/epoch-0002.index"} <= names
     assert any(name.startswith("logs/eval/events.out.tfevents.") for name in names), sorted(names)
+
+
+def test_the_local_server_script_prints_exports_that_work_and_stops_cleanly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-m", "scripts.local_gcs", "--bucket", "script-bucket"], cwd=REPO,
+                              env=clean_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        exports = {}
+        for line in server.stdout:
+            if line.startswith("export "):
+                key, _, value = line[len("export "):].strip().partition("=")
+                exports[key] = value
+            if "Ctrl-C" in line:
+                break
+        assert {"https_proxy", "no_proxy", "CURL_CA_BUNDLE"} <= set(exports)
+        write = subprocess.run([sys.executable, "-c", "import tensorflow as tf; tf.io.gfile.makedirs('gs://script-bucket/a');"
+                                "open('/dev/stdout', 'w').write(str(tf.io.gfile.isdir('gs://script-bucket/a')))"],
+                               env=clean_env(**exports), capture_output=True, text=True, timeout=120)
+        assert write.returncode == 0 and write.stdout.endswith("True"), write.stderr[-2000:]
+        children = [int(pid) for task in os.listdir(f"/proc/{server.pid}/task")
+                    for pid in open(f"/proc/{server.pid}/task/{task}/children").read().split()]
+        assert children  # fake-gcs-server
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    for pid in children:
+        assert not os.path.exists(f"/proc/{pid}"), f"fake-gcs-server {pid} outlived the script"
