@@ -11,10 +11,27 @@ image=localhost/standin-python:bookworm
 if $ENGINE image exists "$image" 2>/dev/null || $ENGINE image inspect "$image" >/dev/null 2>&1; then
   echo "$image"; exit 0
 fi
+# The Debian mirror this machine's apt uses for bookworm itself (so a company mirror works too):
+# the first URI of a `deb` source whose suites include plain `bookworm`, in deb822 .sources files
+# or one-line sources.list entries (or in the files given). Empty when there is none: debootstrap
+# then uses its default.
+apt_mirror() {
+  local files=("$@")
+  [ $# -gt 0 ] || files=(/etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list)
+  awk '
+    FNR == 1 || /^[[:space:]]*$/ { types = ""; uris = ""; suites = "" }
+    /^Types:/ { types = $0 } /^URIs:/ { uris = $2 } /^Suites:/ { suites = $0 }
+    types ~ /(^|[ :])deb( |$)/ && uris != "" && (" " suites " ") ~ / bookworm / { print uris; exit }
+    /^deb[[:space:]]/ {
+      sub(/\[[^]]*\][[:space:]]*/, "")
+      if ($3 == "bookworm") { print $2; exit }
+    }' "${files[@]}" 2>/dev/null | head -n 1
+}
+mirror=$(apt_mirror)
 rootfs="$IMAGES_WORK/standin-rootfs"
 rm -rf "$rootfs"
 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" \
-  http://deb.debian.org/debian >"$IMAGES_WORK/debootstrap.log" 2>&1 \
+  ${mirror:+"$mirror"} >"$IMAGES_WORK/debootstrap.log" 2>&1 \
   || { tail -20 "$IMAGES_WORK/debootstrap.log" >&2; exit 1; }
 cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
 printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$rootfs/etc/pip.conf"

@@ -22,8 +22,10 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import jobspec  # noqa: E402
+try:
+    from scripts import jobspec  # python -m scripts.submit_job, or imported from the repo root
+except ImportError:  # python scripts/submit_job.py: Python puts scripts/ itself first on sys.path
+    import jobspec
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:

@@ -14,9 +14,7 @@ import yaml
 from helpers import REPO, run_module, clean_env
 from trainer.cluster import resolve
 
-sys.path.insert(0, str(REPO / "scripts"))
-import jobspec  # noqa: E402
-import submit_job  # noqa: E402
+from scripts import jobspec, submit_job
 
 CPU = "us-central1-docker.pkg.dev/my-project/trainers/cassava-trainer-cpu:abc123"
 GPU = "us-central1-docker.pkg.dev/my-project/trainers/cassava-trainer-gpu:abc123"
