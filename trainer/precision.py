@@ -4,13 +4,16 @@
 when the machine has no fast path for it, a warning. `apply` is the edge: it reads the local
 devices, sets the global policy (before any model is built) and logs the choice once.
 
-auto picks the fastest policy the hardware runs natively:
+auto picks the fastest policy for the machine it runs on:
 - mixed_float16 when there are GPUs and every one has compute capability 7.0 or more (tensor cores);
-- mixed_bfloat16 on a machine without GPUs whose CPU has AMX (Sapphire Rapids and later), where
-  oneDNN runs bf16 convolutions on the tile units: a ResNet50 train step (160 px, batch 16) ran
-  2.0-2.4x float32 there. AVX512-BF16 alone is not enough: on such a CPU (Cooper Lake class, no
-  AMX) the same step ran at 0.74-0.8x float32, so auto keeps float32 there;
-- float32 otherwise.
+- on a machine without GPUs whose CPU has bfloat16 instructions (AVX512-BF16 or AMX), it measures:
+  a ResNet50 bottleneck block's forward and backward pass, a few times in float32 and in bfloat16
+  (`measure_cpu`, a few seconds), and takes mixed_bfloat16 only when that is at least
+  BFLOAT16_MARGIN faster. The flags cannot decide it: on one AVX512-BF16 CPU without AMX a ResNet50
+  step ran at 0.74-0.8x float32 in bfloat16, on another (AMD EPYC, family 26) at 1.3-1.9x. Every
+  task of a synchronous job decides on the mean of all tasks' figures (one all-reduce), so all
+  train in the same policy;
+- float32 otherwise (without bfloat16 instructions it is emulated, about 6x slower).
 Under both mixed policies the variables stay float32 and the model's softmax is float32, so
 checkpoints load into a model built under any policy.
 """
@@ -27,8 +30,11 @@ CHOICES = ("auto", "float16", "bfloat16", "off")
 POLICY = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16", "off": "float32"}
 # Tensor cores arrived with Volta (7.0); older GPUs run float16 no faster than float32.
 MIN_FLOAT16_CAPABILITY = (7, 0)
-# The /proc/cpuinfo flag of CPUs whose bfloat16 matrix units beat float32 (see above).
-BFLOAT16_CPU_FLAGS = frozenset({"amx_bf16"})
+# The /proc/cpuinfo flags of CPUs that compute in bfloat16 natively; auto measures on them.
+BFLOAT16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+# bfloat16 must beat float32 by this much: below it, run-to-run noise could flip the choice,
+# and the gain would not pay for bfloat16's coarser gradients.
+BFLOAT16_MARGIN = 1.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +49,14 @@ class Devices:
         return bool(self.gpu_capabilities) and all(cc >= MIN_FLOAT16_CAPABILITY for cc in self.gpu_capabilities)
 
     @property
-    def bfloat16_fast(self) -> bool:
+    def bfloat16_native(self) -> bool:
         # With GPUs, the compute runs there, whatever the host CPU can do.
         return not self.gpu_capabilities and bool(self.cpu_flags & BFLOAT16_CPU_FLAGS)
 
     def describe(self) -> str:
         if self.gpu_capabilities:
             return "GPUs with compute capability " + ", ".join(f"{a}.{b}" for a, b in self.gpu_capabilities)
-        if self.cpu_flags & BFLOAT16_CPU_FLAGS:
+        if "amx_bf16" in self.cpu_flags:
             return "no GPU; CPU has AMX bfloat16"
         if "avx512_bf16" in self.cpu_flags:
             return "no GPU; CPU has AVX512-BF16 but no AMX"
@@ -64,22 +70,79 @@ class Choice:
     warning: str | None = None
 
 
-def choose(requested: str, devices: Devices) -> Choice:
+@dataclasses.dataclass(frozen=True)
+class Speeds:
+    """Milliseconds per step of the same work in float32 and in bfloat16 (measure_cpu)."""
+
+    float32_ms: float
+    bfloat16_ms: float
+
+    @property
+    def bfloat16_gain(self) -> float:
+        return self.float32_ms / self.bfloat16_ms
+
+
+def choose(requested: str, devices: Devices, speeds: Speeds | None = None) -> Choice:
+    """`speeds` is what measure_cpu found on this machine (auto on a CPU with bfloat16
+    instructions); without it, auto keeps float32 there."""
     if requested not in CHOICES:
         raise ValueError(f"--mixed-precision must be one of {', '.join(CHOICES)}, got {requested!r}")
     if requested == "auto":
         if devices.float16_fast:
             return Choice("mixed_float16", f"auto: {devices.describe()}")
-        if devices.bfloat16_fast:
-            return Choice("mixed_bfloat16", f"auto: {devices.describe()}")
+        if devices.bfloat16_native and speeds is not None:
+            policy = "mixed_bfloat16" if speeds.bfloat16_gain >= BFLOAT16_MARGIN else "float32"
+            return Choice(policy, f"auto: {devices.describe()}; a ResNet50 block's train step measured "
+                                  f"{speeds.float32_ms:.1f} ms in float32, {speeds.bfloat16_ms:.1f} ms in bfloat16 "
+                                  f"(x{speeds.bfloat16_gain:.2f}; bfloat16 needs x{BFLOAT16_MARGIN:.2f})")
         return Choice("float32", f"auto: no fast reduced-precision path ({devices.describe()})")
     policy = POLICY[requested]
-    fast = {"float16": devices.float16_fast, "bfloat16": devices.bfloat16_fast, "off": True}[requested]
+    fast = {"float16": devices.float16_fast, "bfloat16": devices.bfloat16_native, "off": True}[requested]
     warning = None
     if not fast:
         warning = (f"--mixed-precision {requested}: this machine has no fast path for it "
                    f"({devices.describe()}); training in {policy} anyway, likely slower than float32")
     return Choice(policy, f"--mixed-precision {requested}", warning)
+
+
+def measure_cpu(repeats: int = 3, batch: int = 16, size: int = 56) -> Speeds:
+    """Times a ResNet50 bottleneck block (1x1, 3x3 and 1x1 convolutions with batch norm, 256
+    channels in and out, at the 56 px stage) forward and backward, in float32 and under the
+    mixed_bfloat16 policy: the best of `repeats` compiled steps each, after one untimed step.
+    About two seconds on 2 cores."""
+    import time
+
+    import tensorflow as tf
+
+    def block(policy: str) -> tf.keras.Model:
+        layers = tf.keras.layers
+        inputs = tf.keras.Input((size, size, 256))
+        x = inputs
+        for filters, kernel in ((64, 1), (64, 3), (256, 1)):
+            x = layers.Conv2D(filters, kernel, padding="same", use_bias=False, dtype=policy)(x)
+            x = layers.BatchNormalization(dtype=policy)(x)
+            x = layers.ReLU(dtype=policy)(x)
+        return tf.keras.Model(inputs, layers.Add(dtype=policy)([x, inputs]))
+
+    images = tf.random.stateless_uniform((batch, size, size, 256), seed=(1, 2))
+    milliseconds = []
+    for policy in ("float32", "mixed_bfloat16"):
+        model = block(policy)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.cast(model(images, training=True), tf.float32) ** 2)
+            return tape.gradient(loss, model.trainable_variables)
+
+        step()  # traces and warms up
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy(), step())
+            best = min(best, time.perf_counter() - started)
+        milliseconds.append(best * 1e3)
+    return Speeds(*milliseconds)
 
 
 def cpu_flags(cpuinfo_text: str) -> frozenset[str]:
@@ -116,11 +179,22 @@ def local_devices(gpus: Iterable | None = None, cpuinfo_path: str = "/proc/cpuin
     return Devices(capabilities, flags)
 
 
-def apply(requested: str) -> str:
-    """Sets the global Keras policy for every model built after it, logs it, and returns its name."""
+def apply(requested: str, agree=None, measure=measure_cpu) -> str:
+    """Sets the global Keras policy for every model built after it, logs it, and returns its name.
+
+    auto on a CPU with bfloat16 instructions measures first (`measure`); `agree`, given by
+    synchronous jobs, maps this task's [float32 ms, bfloat16 ms] to the mean over every task, so
+    that all of them choose alike. A policy asked for by name is never measured over.
+    """
     import tensorflow as tf
 
-    choice = choose(requested, local_devices())
+    devices = local_devices()
+    speeds = None
+    if requested == "auto" and not devices.float16_fast and devices.bfloat16_native:
+        speeds = measure()
+        if agree is not None:
+            speeds = Speeds(*agree([speeds.float32_ms, speeds.bfloat16_ms]))
+    choice = choose(requested, devices, speeds)
     if choice.warning:
         log.warning("%s", choice.warning)
     # Keras checks the devices too and logs a three-line warning for mixed_float16 without a GPU;

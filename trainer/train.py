@@ -98,9 +98,22 @@ def lost_peer(error: tf.errors.OpError) -> str:
     return f"{match.group(1)}-{match.group(2)}" if match else "a peer task"
 
 
+def mean_over_tasks(strategy: tf.distribute.Strategy):
+    """A function from this task's list of numbers to their mean over every replica of the job
+    (one all-reduce), for decisions every task must make alike."""
+
+    @tf.function
+    def mean(values):
+        per_replica = strategy.run(lambda: tf.identity(values))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    return lambda values: [float(v) for v in mean(tf.constant(values, tf.float32)).numpy()]
+
+
 def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
     strategy = strategy_lib.create(strategy_name, cluster)  # before any other TensorFlow op
-    precision.apply(config.mixed_precision)  # before any model is built
+    # Before any model is built; every task of the job then trains in the same policy.
+    precision.apply(config.mixed_precision, agree=mean_over_tasks(strategy) if cluster.is_distributed else None)
     replicas = strategy.num_replicas_in_sync
     global_batch = config.per_replica_batch_size * replicas
     tf.keras.utils.set_random_seed(config.seed)

@@ -47,3 +47,21 @@ def test_float16_without_a_fast_path_warns_once_then_trains(tmp_path, data_root)
         assert log.count("no fast path") == 1
         assert "Mixed precision compatibility check" not in log  # Keras' own three-line version
     assert dtypes["Conv2D"] == ["float16"] and dtypes["Softmax"] == ["float32"]
+
+
+def test_auto_gives_every_task_of_a_job_the_same_policy_from_one_agreed_measurement(tmp_path, data_root):
+    """Each task measures its own CPU; the all-reduced mean decides, so both tasks print the
+    same figures and the same policy (on a CPU without bfloat16 instructions neither measures)."""
+    import re
+
+    from trainer import precision
+
+    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", *SMALL_RUN,
+                        "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"))
+    assert result.returncode == 0, result.stdout[-4000:]
+    lines = dict(re.findall(r"^\[(chief-0|worker-0)\] \S+ trainer: precision: (.*)$", result.stdout, re.M))
+    assert set(lines) == {"chief-0", "worker-0"}, result.stdout[-3000:]
+    assert lines["chief-0"] == lines["worker-0"]
+    with open("/proc/cpuinfo") as cpuinfo:
+        native = precision.local_devices([]).bfloat16_native and cpuinfo.read()
+    assert ("measured" in lines["chief-0"]) == bool(native), lines
