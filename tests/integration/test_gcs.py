@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -133,9 +135,6 @@ def test_predict_reads_the_model_and_images_from_the_bucket(vertex_style_runs, g
 
 
 def subprocess_copy(source, destination: str, env):
-    import subprocess
-    import sys
-
     return subprocess.run([sys.executable, "-c", "import sys, tensorflow as tf; tf.io.gfile.copy(sys.argv[1], sys.argv[2], "
                            "overwrite=True)", str(source), destination], env=env, capture_output=True, text=True, timeout=120)
 
@@ -151,9 +150,6 @@ with tfds.testing.mock_data(num_examples=24):
 
 
 def test_tfds_cassava_with_a_bucket_data_dir_prepares_and_trains_without_tfds_public_bucket(gcs, tmp_path):
-    import subprocess
-    import sys
-
     gcs.create_bucket("tfds-job")
     buckets = set()
     gcs.on_request(lambda method, path: buckets.add(re.sub(r"^(/upload)?(/storage/v1/b)?/([^/?]+).*", r"\3", path)),
@@ -201,10 +197,6 @@ def test_parameter_server_job_with_evaluator_keeps_its_checkpoints_in_the_bucket
 
 
 def test_the_local_server_script_prints_exports_that_work_and_stops_cleanly(tmp_path):
-    import signal
-    import subprocess
-    import sys
-
     server = subprocess.Popen([sys.executable, "-m", "scripts.local_gcs", "--bucket", "script-bucket"], cwd=REPO,
                               env=clean_env(), stdout=subprocess.PIPE, text=True)
     try:
