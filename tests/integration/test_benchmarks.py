@@ -46,11 +46,15 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
     result = subprocess.run([sys.executable, "benchmarks/train_step.py", "--steps", "1", "--batch", "2", "--image-size", "32",
                              "--repeats", "1"], capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    policy = re.search(r"^device: .*; --mixed-precision auto picks (\S+)$", result.stdout, re.M).group(1)
+    policy = re.search(r"^device: .*; --mixed-precision auto picks (\S+) \((.*)\)$", result.stdout, re.M).group(1)
     lab = re.search(r"^lab \(float32, float32 input\) +(\d+\.\d\d) img/s  x1\.00$", result.stdout, re.M)
     default = re.search(rf"^trainer default \({policy}\) +(\d+\.\d\d) img/s  x(\d+\.\d\d)$", result.stdout, re.M)
     assert lab and default, result.stdout
-    summary = re.search(r"^summary: default_over_lab=(\d+\.\d\d) ", result.stdout, re.M)
-    # the printed ratio is the ratio of the two printed rates
+    summary = re.search(r"^summary: default_over_lab=(\d+\.\d\d) default_over_best=(\d+\.\d\d) ", result.stdout, re.M)
+    # the printed ratios are ratios of the printed rates
     assert abs(float(summary.group(1)) - float(default.group(1)) / float(lab.group(1))) < 0.02
     assert summary.group(1) == default.group(2)
+    trainer_rates = [float(rate) for rate in re.findall(r"^trainer(?: default \(\S+\)|, [^\n]*?) +(\d+\.\d\d) img/s",
+                                                                result.stdout, re.M)]
+    assert len(trainer_rates) >= 2  # the default and the other policy
+    assert abs(float(summary.group(2)) - float(default.group(1)) / max(trainer_rates)) < 0.02
