@@ -1,6 +1,9 @@
 """How the trainer's processes log, and the known-harmless TensorFlow messages removed on purpose.
 
-Every process logs `HH:MM:SS trainer: ...` lines to stderr. What TensorFlow prints that is
+Every process logs `HH:MM:SS trainer: ...` lines: progress (INFO) to stdout, warnings and errors
+to stderr. Vertex AI's Cloud Logging gives every stderr line severity ERROR and every stdout line
+INFO, so a run that logged its progress to stderr would read as a stream of errors
+(GoogleCloudPlatform/vertex-ai-samples#242). What TensorFlow prints that is
 harmless and only repeats in every task is removed here, each with the reason, and nowhere else:
 
 - in each trainer process (`configure`), the Python-side messages: TensorFlow's INFO lines
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 
 # C++ runtime lines, matched anywhere in a line, and why each is harmless.
 HARMLESS_LINES = {
@@ -43,9 +47,30 @@ class _DropKerasFalseAlarm(logging.Filter):
         return _KERAS_FALSE_ALARM not in record.getMessage()
 
 
+class _Below(logging.Filter):
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < self.level
+
+
+def handlers() -> list[logging.Handler]:
+    """INFO and below to stdout, WARNING and above to stderr, both in the trainer's format."""
+    progress, problems = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    progress.addFilter(_Below(logging.WARNING))
+    problems.setLevel(logging.WARNING)
+    formatter = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for handler in (progress, problems):
+        handler.setFormatter(formatter)
+    return [progress, problems]
+
+
 def configure() -> None:
-    """The trainer's log format, and TensorFlow's Python loggers at WARNING without the false alarm."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    """The trainer's log format and streams, and TensorFlow's Python loggers at WARNING without the
+    false alarm."""
+    logging.basicConfig(level=logging.INFO, handlers=handlers())
     for noisy in ("tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("tensorflow").addFilter(_DropKerasFalseAlarm())

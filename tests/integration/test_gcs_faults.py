@@ -110,7 +110,7 @@ def test_a_task_killed_mid_backup_write_resumes_from_the_last_complete_backup(gc
     second = run_module(*args, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     # Never half a backup: the second if its state file was renamed into place, else the first.
-    assert resumed_at(second.stderr, task=None) == ((2, 0) if committed else (1, 3)), (point, second_backup)
+    assert resumed_at(second.stdout, task=None) == ((2, 0) if committed else (1, 3)), (point, second_backup)
     assert "model/saved_model.pb" in gcs.list(bucket, "model/")
 
 

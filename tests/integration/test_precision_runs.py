@@ -16,7 +16,7 @@ def train(tmp_path, data_root, *args, env=None):
     result = run_module("trainer.task", *SMALL_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
                         *args, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result.stderr, saved_model_op_dtypes(tmp_path / "model")
+    return result.stdout, saved_model_op_dtypes(tmp_path / "model")
 
 
 def test_off_trains_in_float32_without_xla(tmp_path, data_root):
