@@ -34,6 +34,7 @@ import dataclasses
 import datetime
 import http.client
 import http.server
+import ipaddress
 import json
 import re
 import select
@@ -129,10 +130,13 @@ class Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, backend_port: int, tls: ssl.SSLContext):
+    def __init__(self, address, backend_port: int, tls: ssl.SSLContext, clients=()):
         super().__init__(address, _FrontHandler)
         self.backend_port = backend_port
         self.tls = tls
+        # Who may connect besides this machine's loopback: a container network's subnet, when
+        # the front listens beyond loopback so that containers can reach it.
+        self.clients = tuple(ipaddress.ip_network(network) for network in clients)
         self.latency_seconds = 0.0
         self.faults: list[Fault] = []
         self.requests = 0
@@ -160,6 +164,10 @@ class Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
             return False
         self.buckets.add(name)
         return True
+
+    def verify_request(self, request, client_address) -> bool:
+        address = ipaddress.ip_address(client_address[0])
+        return address.is_loopback or any(address in network for network in self.clients)
 
     def get_request(self):
         # A connection that starts with a TLS handshake (a container that maps the hostnames
@@ -291,9 +299,10 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
 class LocalGCS:
     """fake-gcs-server behind Front. `environ()` is what a process needs to use it."""
 
-    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1", clients=()):
         self.root = Path(root)
         self._address = (host, port)
+        self._clients = tuple(clients)
         self._process: subprocess.Popen | None = None
         self.front: Front | None = None
 
@@ -320,7 +329,7 @@ class LocalGCS:
                 time.sleep(0.1)
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(cert, key)
-        self.front = Front(self._address, backend_port, tls)
+        self.front = Front(self._address, backend_port, tls, self._clients)
         self.backend_port = backend_port
         threading.Thread(target=self.front.serve_forever, name="local-gcs-front", daemon=True).start()
         return self
@@ -347,6 +356,18 @@ class LocalGCS:
         except urllib.error.HTTPError as error:
             if error.code != 409:  # already there
                 raise
+
+    def upload(self, bucket: str, name: str, data: bytes) -> None:
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        request = urllib.request.Request(f"http://127.0.0.1:{self.backend_port}/upload/storage/v1/b/{bucket}/o?{query}",
+                                         data=data, method="POST", headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(request, timeout=120).read()
+
+    def download(self, bucket: str, name: str) -> bytes:
+        quoted = urllib.parse.quote(name, safe="")
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.backend_port}/storage/v1/b/{bucket}/o/{quoted}?alt=media",
+                                    timeout=120) as response:
+            return response.read()
 
     def list(self, bucket: str, prefix: str = "") -> list[str]:
         """Every object name in the bucket under `prefix`, as the API lists them."""
