@@ -122,8 +122,17 @@ def _dataset_spec(text: str) -> DatasetSpec:
     return DatasetSpec(scheme, value)
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """A wrong flag is one line on stderr and exit 2. argparse's usage block is forty lines, which a
+    job's log (where every stderr line reads as an error, and a restarted replica prints it again)
+    would bury the reason under."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="python -m trainer.task",
         description="Train the cassava classifier (ResNet50 transfer learning) on the cluster "
         "described by TF_CONFIG or CLUSTER_SPEC, or in one process when neither is set.",

@@ -130,3 +130,13 @@ def test_backup_every_steps_is_auto_by_default_zero_per_epoch_or_a_count():
     assert parse("--backup-every-steps", "250") == 250
     with pytest.raises(SystemExit):
         parse("--backup-every-steps", "-5")
+
+
+def test_a_wrong_flag_is_one_line_and_exit_2(capsys):
+    from trainer import config
+
+    with pytest.raises(SystemExit) as stopped:
+        config.build_parser().parse_args(["--per-replica-batch-size", "0"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "python -m trainer.task: error: argument --per-replica-batch-size: must be positive, got 0 (--help lists the flags)"]
