@@ -74,6 +74,9 @@ def _tfrecord_split(spec: DatasetSpec, split: str) -> Split:
     files = tuple(sorted(tf.io.gfile.glob(spec.value)))
     if not files:
         raise DataError(f"--dataset {spec}: the pattern matches no files")
+    if len(files) == 1 and tf.io.gfile.isdir(files[0]):
+        raise DataError(f"--dataset {spec}: {files[0]} is a directory; give the files, such as "
+                        f"tfrecord:{files[0].rstrip('/')}/train-*.tfrecord")
     described = metadata_of(files, spec)
     class_names, origin = class_names_of(described, spec)
     try:

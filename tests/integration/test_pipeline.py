@@ -185,6 +185,12 @@ def test_missing_tfrecords_are_a_one_line_data_error(tmp_path):
         sources.load(DatasetSpec("tfrecord", str(tmp_path / "none-*.tfrecord")), None, "train")
 
 
+def test_a_directory_for_tfrecords_is_a_one_line_data_error_naming_the_pattern(tmp_path):
+    with pytest.raises(sources.DataError, match=f"{tmp_path} is a directory; give the files, such as "
+                                                f"tfrecord:{tmp_path}/train-\\*.tfrecord"):
+        sources.load(DatasetSpec("tfrecord", str(tmp_path)), None, "train")
+
+
 _ITERATE = """
 import sys, trainer, tensorflow as tf
 from trainer import data
