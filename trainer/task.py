@@ -113,6 +113,13 @@ def _run_role(config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, stra
         from trainer import train_ps
 
         if cluster.task_type in (cluster_lib.WORKER, cluster_lib.PS):
+            if cluster.task_type == cluster_lib.WORKER and config.dataset.scheme == "synthetic":
+                # Workers read the files the coordinator's dataset function names. On separate
+                # machines (Vertex, Kubernetes) only the coordinator's disk has its copy, so each
+                # worker makes the same, deterministic files at the same path first.
+                from trainer import sources
+
+                sources.load(config.dataset, config.data_dir, "train")
             return train_ps.serve(cluster)
         check_writable(config.model_dir, config.checkpoint_dir)
         return train_ps.run(config, cluster)

@@ -44,6 +44,12 @@ def serve(cluster: Cluster) -> int:
     return 0
 
 
+def remote_workers(cluster: Cluster) -> list[str]:
+    """The workers' addresses that are not this machine's."""
+    hosts = (cluster.tf_config or {}).get("cluster", {}).get("worker", [])
+    return [h for h in hosts if h.rsplit(":", 1)[0] not in ("localhost", "127.0.0.1", "[::1]", "::1")]
+
+
 def run(config: TrainConfig, cluster: Cluster) -> int:
     strategy = strategy_lib.create("parameter_server", cluster)  # before any other TensorFlow op
     # The coordinator traces the train step that every worker runs, so its policy is the job's;
@@ -57,6 +63,14 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     steps, _ = train.epoch_plan(config, train_split, None, global_batch)
     if config.trace_input_dir:
         log.warning("--trace-input-dir is ignored under parameter_server: datasets run on remote workers")
+    elsewhere = remote_workers(cluster)
+    on_this_disk = [f for f in train_split.files if "://" not in f and not f.startswith("/gcs/")]
+    if config.dataset.scheme == "tfrecord" and elsewhere and on_this_disk:
+        # The workers open these paths themselves; a file missing there is skipped like a bad
+        # record, and the job waits on data that never comes.
+        log.warning("the workers (%s) read the training files themselves, and %s is on this machine's disk: "
+                    "put the data in Cloud Storage (gs:// or /gcs/) or on a volume every worker mounts",
+                    ", ".join(elsewhere), on_this_disk[0])
     # ParameterServerStrategy hands every worker the same dataset function with a one-pipeline
     # InputContext (TensorFlow keeps no input synchronization between workers), so each worker
     # reads the whole dataset. Unseeded shuffling gives each its own order; a shared --seed would

@@ -183,3 +183,14 @@ def test_cli_bad_input_exits_2_with_one_line_and_no_traceback():
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("trainer.cluster: TF_CONFIG: not valid JSON")
+
+
+def test_workers_on_other_machines_are_told_apart_from_local_ones():
+    from trainer import train_ps
+
+    def cluster_with(workers):
+        return resolve({"TF_CONFIG": json.dumps({"cluster": {"chief": ["localhost:1"], "worker": workers, "ps": ["localhost:3"]},
+                                                 "task": {"type": "chief", "index": 0}})})
+
+    assert train_ps.remote_workers(cluster_with(["localhost:2", "127.0.0.1:4"])) == []
+    assert train_ps.remote_workers(cluster_with(["localhost:2", "workerpool1-1:2222"])) == ["workerpool1-1:2222"]
