@@ -33,15 +33,3 @@ def test_the_keras_false_alarm_is_dropped_and_other_tensorflow_warnings_kept(cap
     assert [r.getMessage() for r in caplog.records] == [
         "Callback method `on_train_batch_begin` is slow compared to the batch time", "Your input ran out of data"]
 
-
-def test_progress_goes_to_stdout_and_only_warnings_and_errors_to_stderr():
-    # Cloud Logging gives stderr lines severity ERROR: progress there would read as errors.
-    import subprocess
-    import sys
-
-    script = ("import logging; from trainer import logs; logs.configure(); log = logging.getLogger('trainer'); "
-              "log.info('epoch 1/1 begins'); log.warning('disk nearly full'); log.error('lost worker-0')")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert [line.split(" ", 1)[1] for line in result.stdout.splitlines()] == ["trainer: epoch 1/1 begins"]
-    assert [line.split(" ", 1)[1] for line in result.stderr.splitlines()] == [
-        "trainer: disk nearly full", "trainer: lost worker-0"]
