@@ -114,3 +114,20 @@ def backups_reported(output: str, task: str | None = "chief-0") -> list[tuple[in
 def resumed_at(output: str, task: str | None = "chief-0") -> tuple[int, int] | None:
     match = re.search(rf"^{_prefix(task)}.*trainer: resumed from backup at epoch (\d+) step (\d+)$", output, re.M)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def write_image_folder(root: Path, per_class: int = 8) -> Path:
+    """A folder per class of small JPEGs, as a user's own images would come (trainer.prepare's folder: source)."""
+    import numpy as np
+
+    import trainer  # noqa: F401  (first: it sets TensorFlow's environment)
+    import tensorflow as tf
+    from trainer import synthetic
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(synthetic.CLASS_NAMES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            image = synthetic.make_image(rng, label, size=(60, 80))
+            (root / name / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(image).numpy())
+    return root

@@ -19,64 +19,8 @@ import uuid
 
 import pytest
 
-from helpers import BUDGETS, REPO, clean_env
-
-SMALL_TRAINING = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32",
-                  "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4"]
-
-
-def sh(*command, env=None, timeout=1800, check=True) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=REPO, env=env or image_env(), capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-def image_env(**extra) -> dict:
-    env = clean_env(**extra)
-    env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"
-    return env
-
-
-def engine_settings() -> dict[str, str]:
-    """ENGINE and the podman config files, exactly as scripts/engine.sh sets them."""
-    output = sh("bash", "-c", "source scripts/engine.sh && env | grep -E '^(ENGINE|CONTAINERS_CONF|CONTAINERS_STORAGE_CONF|IMAGES_WORK)='").stdout
-    return dict(line.split("=", 1) for line in output.splitlines())
-
-
-@pytest.fixture(scope="session")
-def engine():
-    settings = engine_settings()
-    return settings["ENGINE"], image_env(**{k: v for k, v in settings.items() if k != "ENGINE"})
-
-
-@pytest.fixture(scope="session")
-def base_image(engine):
-    if os.environ.get("BASE_IMAGE"):
-        return os.environ["BASE_IMAGE"]
-    return sh("scripts/standin_base.sh").stdout.strip().splitlines()[-1]
-
-
-def build_env(base_image: str) -> dict:
-    # The stand-in base's interpreter is Debian's python3 (3.11 on bookworm).
-    return image_env(BASE_IMAGE=base_image, PYTHON="python3", TAG="test")
-
-
-@pytest.fixture(scope="session")
-def cpu_image(base_image):
-    started = time.monotonic()
-    sh("scripts/images.sh", "build", "cpu", env=build_env(base_image))
-    BUDGETS.append(f"CPU image build: {time.monotonic() - started:.0f}s")
-    return "localhost/cassava-trainer-cpu:test"
-
-
-@pytest.fixture(scope="session")
-def gpu_image(base_image):
-    started = time.monotonic()
-    sh("scripts/images.sh", "build", "gpu", env=build_env(base_image), timeout=3000)
-    BUDGETS.append(f"GPU image build: {time.monotonic() - started:.0f}s")
-    return "localhost/cassava-trainer-gpu:test"
-
+from containers import SMALL_TRAINING, build_env, sh
+from helpers import BUDGETS, REPO
 
 def test_dockerfiles_pass_hadolint():
     result = sh("hadolint", "--config", ".hadolint.yaml", "Dockerfile.cpu", "Dockerfile.gpu", check=False)

@@ -14,23 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, clean_env, run_module
+from helpers import REPO, clean_env, run_module, write_image_folder
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
-
-
-def write_image_folder(root: Path, per_class: int = 8) -> Path:
-    import trainer  # noqa: F401
-    import tensorflow as tf
-    from trainer import synthetic
-
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(synthetic.CLASS_NAMES):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            image = synthetic.make_image(rng, label, size=(60, 80))
-            (root / name / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(image).numpy())
-    return root
 
 
 def relative_files(names, prefix: str) -> set[str]:

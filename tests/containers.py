@@ -1,0 +1,35 @@
+"""What the container-tier tests share: the engine's environment, a command runner, a small
+training run's arguments, and the environment the test images are built with."""
+
+from __future__ import annotations
+
+import subprocess
+
+from helpers import REPO, clean_env
+
+SMALL_TRAINING = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32",
+                  "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4"]
+
+
+def sh(*command, env=None, timeout=1800, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=REPO, env=env or image_env(), capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def image_env(**extra) -> dict:
+    env = clean_env(**extra)
+    env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"
+    return env
+
+
+def engine_settings() -> dict[str, str]:
+    """ENGINE and the podman config files, exactly as scripts/engine.sh sets them."""
+    output = sh("bash", "-c", "source scripts/engine.sh && env | grep -E '^(ENGINE|CONTAINERS_CONF|CONTAINERS_STORAGE_CONF|IMAGES_WORK)='").stdout
+    return dict(line.split("=", 1) for line in output.splitlines())
+
+
+def build_env(base_image: str) -> dict:
+    # The stand-in base's interpreter is Debian's python3 (3.11 on bookworm).
+    return image_env(BASE_IMAGE=base_image, PYTHON="python3", TAG="test")
