@@ -3,9 +3,10 @@
 # answers: podman and buildah to build and run (catatonit for --init, the dnsname plugin so that
 # containers on one network find each other by name), skopeo to inspect, debootstrap for CI's stand-in
 # base image, docker-registry for a local registry, curl to ask the podman API service whether it
-# is up. A no-op when they are all there.
+# is up, fuse3 for the /gcs/ files of a local Vertex rehearsal (scripts/gcs_fuse.py). A no-op when
+# they are all there.
 set -euo pipefail
-needed=(podman buildah runc skopeo debootstrap docker-registry catatonit golang-github-containernetworking-plugin-dnsname curl)
+needed=(podman buildah runc skopeo debootstrap docker-registry catatonit golang-github-containernetworking-plugin-dnsname curl fuse3)
 missing=()
 for package in "${needed[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
