@@ -5,6 +5,11 @@
     python scripts/submit_job.py hptune      [options] [--dry-run] [-- TRAINER_ARGS]
     python scripts/submit_job.py ai-platform [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py tfjob       [options]              [-- TRAINER_ARGS]
+    python scripts/submit_job.py local [local options] vertex|hptune [options] [-- TRAINER_ARGS]
+    python scripts/submit_job.py local [local options] --spec JOB.json
+
+`local` runs the CustomJob (or HyperparameterTuningJob) on this machine, one container per
+replica, as Vertex AI would run it (scripts/local_job.py); it needs docker or podman.
 
 --dry-run prints the spec (JSON for Vertex AI, YAML for the others) with no credentials and no
 network. Without it, `vertex` and `hptune` submit through google-cloud-aiplatform and print the
@@ -23,9 +28,10 @@ import os
 import sys
 
 try:
-    from scripts import jobspec  # python -m scripts.submit_job, or imported from the repo root
+    from scripts import jobspec, local_job  # python -m scripts.submit_job, or imported from the repo root
 except ImportError:  # python scripts/submit_job.py: Python puts scripts/ itself first on sys.path
     import jobspec
+    import local_job
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -142,8 +148,69 @@ def submit(target: str, spec: dict, project: str | None, region: str) -> None:
     print(f"https://console.cloud.google.com/vertex-ai/locations/{region}/{page}/{job_id}?project={project}")
 
 
+def build_local_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scripts/submit_job.py local", description=local_job.__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--spec", help="a CustomJob or HyperparameterTuningJob JSON (what --dry-run prints, or your own)")
+    parser.add_argument("--engine", choices=("docker", "podman"), default=None, help="default: docker if its daemon answers, else podman")
+    parser.add_argument("--real-gcs", action="store_true",
+                        help="use Google's Cloud Storage with your Application Default Credentials instead of a local server")
+    parser.add_argument("--stage", action="append", default=[], metavar="LOCAL=gs://BUCKET/PREFIX",
+                        help="copy local files into the local server's bucket before the job (repeatable)")
+    parser.add_argument("--keep", metavar="DIR", help="after the job, copy the local server's buckets to DIR/BUCKET/")
+    parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS",
+                        help="a Spot preemption of REPLICA (e.g. workerpool1-0) SECONDS after the start (repeatable)")
+    parser.add_argument("--replica-restarts", type=int, default=local_job.REPLICA_RESTARTS,
+                        help="restarts of a replica that exits non-zero before the whole job restarts (Vertex: 5)")
+    parser.add_argument("--job-retries", type=int, default=local_job.JOB_RETRIES,
+                        help="restarts of the whole job before it fails (Vertex: 3)")
+    parser.add_argument("--seed", type=int, default=0, help="tuning: the random search's seed")
+    parser.add_argument("--print-compose", action="store_true",
+                        help="print the job as a compose file (docker compose -f - up) and exit")
+    return parser
+
+
+def local(argv: list[str]) -> int:
+    """`local`: the spec from --spec or from the vertex/hptune options, run on this machine."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    target_at = next((i for i, a in enumerate(argv[:split]) if a in ("vertex", "hptune")), split)
+    options = build_local_parser().parse_args(argv[:target_at])
+    if target_at < split:
+        if options.spec:
+            raise jobspec.SpecError("give either --spec FILE or vertex/hptune options, not both")
+        args = build_parser().parse_args(argv[target_at:split])
+        args.trainer_args = argv[split + 1:]
+        _, spec = build_spec(args)
+    elif options.spec:
+        try:
+            with open(options.spec) as file:
+                spec = json.load(file)
+        except (OSError, ValueError) as error:
+            raise jobspec.SpecError(f"--spec {options.spec}: {error}") from None
+    else:
+        raise jobspec.SpecError("local needs --spec FILE, or vertex/hptune followed by their options")
+    if options.replica_restarts < 0 or options.job_retries < 0:
+        raise jobspec.SpecError("--replica-restarts and --job-retries are 0 or more")
+    if options.print_compose:
+        import yaml
+
+        _, job_spec = local_job.job_spec_of(spec)
+        credentials = local_job.default_credentials() if options.real_gcs else None
+        print(yaml.safe_dump(local_job.compose_file(job_spec, "local", credentials), sort_keys=False), end="")
+        return 0
+    return local_job.run(spec, engine=options.engine, real_gcs=options.real_gcs, preemptions=options.preempt,
+                         stages=options.stage, keep_dir=options.keep, replica_restarts=options.replica_restarts,
+                         job_retries=options.job_retries, seed=options.seed)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["local"]:
+        try:
+            return local(argv[1:])
+        except jobspec.SpecError as error:
+            print(f"submit_job: error: {error}", file=sys.stderr)
+            return 2
     # Everything after `--` goes to trainer.task untouched.
     split = argv.index("--") if "--" in argv else len(argv)
     args = build_parser().parse_args(argv[:split])

@@ -1,0 +1,144 @@
+"""What `submit_job.py local` tells each replica and how it draws trials: plain values, no engine."""
+
+import json
+import random
+
+import pytest
+
+from scripts import jobspec, local_job
+from trainer.cluster import resolve
+
+REQUEST = jobspec.build_request(
+    name="job", strategy="pss", workers=2, ps=1, evaluator=True, image_uri="img:1", gpu_image_uri=None,
+    machine_type="n1-standard-4", accelerator_type=None, accelerator_count=0, ps_machine_type="n1-standard-4",
+    evaluator_machine_type=None, trainer_args=("--epochs", "2"), base_output_dir="gs://bkt/base")
+
+
+def test_every_replica_is_named_and_told_its_cluster_as_vertex_tells_it():
+    job = jobspec.vertex_custom_job(REQUEST)
+    environments = local_job.replica_environments(job["jobSpec"], "123")
+    assert list(environments) == ["workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0", "workerpool3-0"]
+    worker = environments["workerpool1-1"]
+    cluster_spec = json.loads(worker["CLUSTER_SPEC"])
+    assert cluster_spec["task"] == {"type": "workerpool1", "index": 1}
+    assert json.loads(cluster_spec["job"]) == job["jobSpec"]  # a string holding the job's spec
+    assert json.loads(worker["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+    assert worker["AIP_MODEL_DIR"] == "gs://bkt/base/model/" and worker["CLOUD_ML_JOB_ID"] == "123"
+    assert "CLOUD_ML_TRIAL_ID" not in worker
+    for name, env in environments.items():  # the trainer reads each of them to the same task
+        from_tf_config = resolve({"TF_CONFIG": env["TF_CONFIG"]})
+        from_cluster_spec = resolve({"CLUSTER_SPEC": env["CLUSTER_SPEC"]})
+        assert (from_tf_config.task_type, from_tf_config.task_index) == (
+            from_cluster_spec.task_type, from_cluster_spec.task_index), name
+
+
+def test_a_trial_gets_its_id_and_its_own_directories():
+    job = jobspec.vertex_custom_job(REQUEST)
+    env = local_job.replica_environments(job["jobSpec"], "123", trial="7")["workerpool0-0"]
+    assert env["CLOUD_ML_TRIAL_ID"] == "7"
+    assert json.loads(env["CLUSTER_SPEC"])["task"]["trial"] == "7"
+    assert (env["AIP_MODEL_DIR"], env["AIP_CHECKPOINT_DIR"], env["AIP_TENSORBOARD_LOG_DIR"]) == (
+        "gs://bkt/base/7/model/", "gs://bkt/base/7/checkpoints/", "gs://bkt/base/7/logs/")
+    assert resolve(env).trial == "7"
+
+
+def test_the_specs_own_env_is_kept_and_pool_zero_must_have_one_replica():
+    pool = {"replicaCount": 1, "containerSpec": {"imageUri": "i", "env": [{"name": "A", "value": "b"}]}}
+    assert local_job.replica_environments({"workerPoolSpecs": [pool]}, "1")["workerpool0-0"]["A"] == "b"
+    with pytest.raises(local_job.JobError, match="exactly one replica in pool 0"):
+        local_job.replicas_of({"workerPoolSpecs": [{**pool, "replicaCount": "2"}]})
+    with pytest.raises(local_job.JobError, match="containerSpec.imageUri"):
+        local_job.replicas_of({"workerPoolSpecs": [{"replicaCount": 1, "pythonPackageSpec": {}}]})
+    with pytest.raises(local_job.JobError, match="not a CustomJob"):
+        local_job.job_spec_of({"displayName": "x"})
+
+
+def test_the_buckets_a_spec_names():
+    spec = {"a": ["--data-dir", "gs://data-bucket/x", "/gcs/fuse.bucket/y", "gs://x"], "b": "gs://out_bkt"}
+    assert local_job.buckets_named(spec) == ["data-bucket", "fuse.bucket", "out_bkt"]
+
+
+def test_random_search_draws_within_each_parameters_spec_and_formats_as_vertex_passes():
+    study = jobspec.vertex_tuning_job(REQUEST, jobspec.Tuning(learning_rate_range=(1e-5, 1e-1),
+                                                               batch_sizes=(16, 32)))["studySpec"]
+    study["parameters"].append({"parameterId": "layers", "integerValueSpec": {"minValue": "1", "maxValue": "3"}})
+    draws = [local_job.draw_parameters(study, random.Random(seed)) for seed in range(200)]
+    rates = [float(d["learning-rate"]) for d in draws]
+    assert all(1e-5 <= r <= 1e-1 for r in rates)
+    # Log scale: about as many draws in each decade.
+    below = sum(r < 1e-3 for r in rates)
+    assert 60 < below < 140
+    assert {d["per-replica-batch-size"] for d in draws} == {"16", "32"}  # integers, as the trainer parses them
+    assert {d["layers"] for d in draws} == {"1", "2", "3"}
+    assert draws[0] == local_job.draw_parameters(study, random.Random(0))
+
+
+def test_a_trials_values_are_appended_to_every_pools_args():
+    job = jobspec.vertex_custom_job(REQUEST)["jobSpec"]
+    trial = local_job.with_trial_args(job, {"learning-rate": "0.01"})
+    for pool in trial["workerPoolSpecs"]:
+        assert pool["containerSpec"]["args"] == ["--strategy", "parameter_server", "--epochs", "2", "--learning-rate=0.01"]
+    assert job["workerPoolSpecs"][0]["containerSpec"]["args"][-1] == "2"  # the original is untouched
+
+
+def test_the_last_reported_metric_is_read(tmp_path):
+    path = tmp_path / "output.metrics"
+    path.write_text('{"accuracy": "0.25", "global_step": "1"}\n{"accuracy": "0.5", "global_step": "2"}\n')
+    assert local_job.last_metric(path, "accuracy") == 0.5
+    assert local_job.last_metric(path, "loss") is None
+    assert local_job.last_metric(tmp_path / "missing", "accuracy") is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("workerpool1-0@40", ("workerpool1-0", 40.0, None)),
+    ("workerpool0-0@2.5", ("workerpool0-0", 2.5, None)),
+    ("workerpool1-1@/epoch 2/3 begins/", ("workerpool1-1", None, "epoch 2/3 begins")),
+])
+def test_preemptions_are_read(text, expected):
+    preemption = local_job.parse_preemption(text)
+    assert (preemption.replica, preemption.seconds, preemption.pattern and preemption.pattern.pattern) == expected
+
+
+@pytest.mark.parametrize("text", ["chief@10", "workerpool1-0", "workerpool1-0@", "workerpool1-0@//", "workerpool1-0@/[/"])
+def test_a_wrong_preemption_is_refused(text):
+    with pytest.raises(local_job.JobError, match="REPLICA@SECONDS"):
+        local_job.parse_preemption(text)
+
+
+def test_the_compose_file_has_vertex_names_environment_and_restarts():
+    job = jobspec.vertex_custom_job(REQUEST)["jobSpec"]
+    compose = local_job.compose_file(job, "42")
+    assert list(compose["services"]) == ["workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0", "workerpool3-0"]
+    service = compose["services"]["workerpool2-0"]
+    assert service["networks"]["job"]["aliases"] == ["workerpool2-0"] and service["hostname"] == "workerpool2-0"
+    assert service["environment"] == local_job.replica_environments(job, "42")["workerpool2-0"]
+    assert service["restart"] == f"on-failure:{local_job.REPLICA_RESTARTS}"
+    assert service["command"] == ["--strategy", "parameter_server", "--epochs", "2"]
+
+
+def test_real_cloud_storage_needs_credentials(tmp_path):
+    with pytest.raises(local_job.JobError, match="application-default login"):
+        local_job.default_credentials({"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json")})
+    key = tmp_path / "adc.json"
+    key.write_text("{}")
+    assert local_job.default_credentials({"GOOGLE_APPLICATION_CREDENTIALS": str(key)}) == str(key)
+    compose = local_job.compose_file(jobspec.vertex_custom_job(REQUEST)["jobSpec"], "1", str(key))
+    service = compose["services"]["workerpool0-0"]
+    assert service["volumes"] == [f"{key}:{local_job.CREDENTIALS_IN_CONTAINER}:ro"]
+    assert service["environment"]["GOOGLE_APPLICATION_CREDENTIALS"] == local_job.CREDENTIALS_IN_CONTAINER
+
+
+def test_the_run_says_once_that_machines_are_not_emulated():
+    job = jobspec.vertex_custom_job(REQUEST)["jobSpec"]
+    line = local_job.not_emulated(job)
+    assert line.startswith("machine types and accelerators are not emulated")
+    assert "n1-standard-4" in line
+
+
+def test_the_default_restart_budget_is_vertexs():
+    from scripts import submit_job
+
+    # Vertex: a replica that exits non-zero is restarted up to 5 times, then the job up to 3 times.
+    options = submit_job.build_local_parser().parse_args([])
+    assert (options.replica_restarts, options.job_retries) == (5, 3)
+    assert (local_job.REPLICA_RESTARTS, local_job.JOB_RETRIES, local_job.SPOT_GRACE_SECONDS) == (5, 3, 30)
