@@ -243,3 +243,31 @@ def test_a_wrong_preemption_is_one_line_and_exit_2(engine, tmp_path, bad):
     result = run_local(engine, tmp_path, spec, "--preempt", bad)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("submit_job: error: --preempt")
+
+
+def test_scheduling_timeout_ends_the_job(engine, cpu_image, tmp_path):
+    spec = {"jobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
+        "imageUri": cpu_image, "command": ["sleep", "600"]}}], "scheduling": {"timeout": "3s"}}}
+    result = run_local(engine, tmp_path, spec, timeout=300)
+    assert result.returncode == 124, result.stdout[-3000:]
+    assert lines(result.stdout, "local-run", "ERROR")[-1] == "JOB_STATE_FAILED: the job ran past scheduling.timeout (3s)"
+    assert leftovers(engine) == []
+
+
+def test_real_cloud_storage_mounts_the_users_credentials_as_gcloud_local_run_does(engine, cpu_image, tmp_path):
+    """--real-gcs: no local server and no proxy; the Application Default Credentials file is
+    mounted where `gcloud ai custom-jobs local-run` mounts it. (Nothing here reaches Google.)"""
+    tool, env = engine
+    key = tmp_path / "adc.json"
+    key.write_text('{"type": "authorized_user", "note": "test"}')
+    show = "cat \"$GOOGLE_APPLICATION_CREDENTIALS\"; echo; echo proxy=${https_proxy:-none}; test -d /gcs && echo gcs || echo no-gcs"
+    spec = {"jobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
+        "imageUri": cpu_image, "command": ["sh", "-c", show]}}]}}
+    (tmp_path / "job.json").write_text(json.dumps(spec))
+    result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", tool, "--real-gcs",
+                             "--spec", str(tmp_path / "job.json")], cwd=REPO, capture_output=True, text=True,
+                            env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(key)}, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert lines(result.stdout, "workerpool0-0", "INFO") == [key.read_text(), "proxy=none", "no-gcs"]
+    assert "Cloud Storage: Google's, with your Application Default Credentials" in result.stdout
+    assert leftovers(engine) == []
