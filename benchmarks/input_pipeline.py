@@ -1,6 +1,7 @@
 """Input pipeline benchmark: the lab's pipeline against the trainer's, per simulated worker.
 
-    python benchmarks/input_pipeline.py [--quick] [--images N] [--repeats R] [--no-bucket] [--latency-ms MS]
+    python benchmarks/input_pipeline.py [--quick] [--images N] [--repeats R] [--no-bucket] [--no-stages]
+                                        [--latency-ms MS]
 
 One process, the same generated TFRecords (600x450 JPEG, quality 90) for every measurement.
 For N = 1, 2 and 4 simulated workers it times worker 0 with:
@@ -13,7 +14,8 @@ For N = 1, 2 and 4 simulated workers it times worker 0 with:
             reads through it. The server shares the 2 cores with the pipeline (real Cloud
             Storage costs the machine nothing), so this ratio is a lower bound.
 Epochs 1 and 2 are timed separately; after a warm-up round, each measurement is repeated and the
-median reported.
+median reported. A second table builds the trainer's pipeline up one stage at a time at N=1 and
+gives each stage's cost in epoch 1 (`stage_pipelines`).
 The table goes to stdout and to benchmarks/RESULTS.md, with a line saying whether the trainer
 meets its targets (epoch 1 at least the lab's at every N; later epochs at least 20x the lab's at
 the largest N); the last line is a machine-readable summary.
@@ -25,7 +27,6 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -35,6 +36,7 @@ import trainer  # noqa: E402,F401  (selects tf-keras before TensorFlow is import
 import tensorflow as tf  # noqa: E402
 
 from trainer import data, records, storage, synthetic  # noqa: E402
+from machine import cpu_model  # noqa: E402  (benchmarks/, first on the path when run as a script)
 
 IMAGE_SIZE = 300
 BATCH = 64
@@ -158,6 +160,56 @@ def measure(files, num_images, num_workers, repeats, bucket_files=None):
     return {name: tuple(statistics.median(v) for v in epochs) for name, epochs in rows.items()}
 
 
+def stage_pipelines(split: data.Split) -> list[tuple[str, object]]:
+    """The trainer's pipeline for one worker, built up one stage at a time from the pieces in
+    trainer.data, the last being make_dataset itself: what each stage costs in epoch 1 is the drop
+    from the row before."""
+    context = tf.distribute.InputContext()
+
+    def finish(dataset, tuned: bool):
+        dataset = dataset.batch(BATCH, drop_remainder=True).map(lambda b: ({"image": b["image"]}, b["label"]))
+        if tuned:
+            options = tf.data.Options()
+            options.threading.max_intra_op_parallelism = 1
+            options.experimental_optimization.map_fusion = True
+            dataset = dataset.with_options(options)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    def decoded(tuned: bool):
+        dataset = data.records(split, context, training=True).map(
+            lambda r: {"image": data.decode_resize(r["image"], IMAGE_SIZE), "label": r["label"]},
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        return finish(dataset, tuned)
+
+    def checked(cache: bool):
+        dataset = data.skip_undecodable(data.records(split, context, training=True), IMAGE_SIZE, 100,
+                                        deterministic=False, num_classes=split.num_classes)
+        return finish(dataset.cache() if cache else dataset, tuned=True)
+
+    options = data.PipelineOptions(image_size=IMAGE_SIZE, per_replica_batch_size=BATCH, training=True, cache=True, seed=0)
+    return [
+        ("read, decode and resize (tf.data defaults)", lambda: decoded(tuned=False)),
+        ("+ one intra-op thread per element, map fusion", lambda: decoded(tuned=True)),
+        ("+ bad-image check, skip and count", lambda: checked(cache=False)),
+        ("+ cache", lambda: checked(cache=True)),
+        ("+ shuffle after the cache: the trainer's pipeline", lambda: data.make_dataset(split, options, context)),
+    ]
+
+
+def stage_costs(files: list[str], num_images: int, repeats: int) -> list[tuple[str, float]]:
+    """Epoch 1 images/s of each stage pipeline at N=1: the median of `repeats` rounds after a warm-up."""
+    split = data.Split(name="train", num_examples=num_images, class_names=synthetic.CLASS_NAMES, files=tuple(files))
+    stages = stage_pipelines(split)
+    rates: dict[str, list[float]] = {name: [] for name, _ in stages}
+    batches = num_images // BATCH
+    for round_index in range(repeats + 1):
+        for name, build in stages:  # alternating, so that drift hits every stage alike
+            seconds, examples = timed_epochs(iter(build()), batches, 1)[0]
+            if round_index:
+                rates[name].append(examples / seconds)
+    return [(name, statistics.median(values)) for name, values in rates.items()]
+
+
 # What the trainer's pipeline must reach against the lab's: epoch 1 at least the lab's at every N,
 # later epochs (decoded images cached) at least this many times the lab's at the largest N.
 LATER_EPOCH_TARGET = 20.0
@@ -220,23 +272,6 @@ class BucketCopy:
         self.server.wait(timeout=30)
 
 
-def cpu_model() -> str:
-    """The CPU's name and the vector extensions that decide these figures, from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            text = cpuinfo.read()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    name = next(iter(re.findall(r"^model name\s*:\s*(.+)$", text, re.M)), "unknown CPU").strip()
-    family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.M)
-    model = re.search(r"^model\s*:\s*(\d+)$", text, re.M)
-    if family and model:  # VMs often name only the brand; family 25 is AMD Zen 3/4, 26 Zen 5
-        name += f" (family {family.group(1)}, model {model.group(1)})"
-    flags = set(next(iter(re.findall(r"^flags\s*:\s*(.+)$", text, re.M)), "").split())
-    shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
-    return f"{name}: {' '.join(shown) or 'no AVX2'}"
-
-
 def generate(directory: str, num_images: int) -> list[str]:
     marker = os.path.join(directory, f"complete-{num_images}")
     if not os.path.exists(marker):
@@ -257,6 +292,7 @@ def main(argv=None) -> int:
                         help="where to write the table ('' for nowhere)")
     parser.add_argument("--workers", default="1,2,4", help="simulated worker counts")
     parser.add_argument("--no-bucket", action="store_true", help="leave out the rows read from a bucket")
+    parser.add_argument("--no-stages", action="store_true", help="leave out the per-stage breakdown at N=1")
     parser.add_argument("--latency-ms", type=float, default=BUCKET_LATENCY_MS,
                         help=f"delay of every request to the bucket (default {BUCKET_LATENCY_MS:.0f})")
     args = parser.parse_args(argv)
@@ -286,6 +322,13 @@ def main(argv=None) -> int:
     finally:
         if bucket:
             bucket.stop()
+    stages = stage_costs(files, num_images, repeats) if not args.no_stages else []
+    stage_lines = ["| stage (N=1, epoch 1) | img/s | cost against the row before |", "|---|---|---|"]
+    for index, (name, rate) in enumerate(stages):
+        cost = "" if index == 0 else f"{(1 / rate - 1 / stages[index - 1][1]) * 1e3:+.3f} ms/image"
+        stage_lines.append(f"| {name} | {rate:,.0f} | {cost} |")
+    if stages:
+        print("\n".join(stage_lines), flush=True)
     decode_ms, resize_ms, ceiling = host_resize_ceiling(files)
     ceiling_line = (f"One thread: decode {decode_ms:.2f} ms/image, decode and resize to {IMAGE_SIZE} px "
                     f"{resize_ms:.2f} ms/image, so a pipeline that resizes on the host reaches at most "
@@ -311,6 +354,7 @@ def main(argv=None) -> int:
                 f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.machine()}, TensorFlow {tf.__version__}; "
                 f"{num_images} JPEGs of {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[0]}, batch {BATCH}, {IMAGE_SIZE} px, "
                 f"median of {repeats}. Images per second for worker 0.\n\n" + "\n".join(lines)
+                + ("\n\n" + "\n".join(stage_lines) if stages else "")
                 + f"\n\n{ceiling_line}\n\n{verdict}\n\n`{summary}`\n"
             )
     print(summary)

@@ -31,6 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainer import precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
 import tensorflow as tf  # noqa: E402
 
+from machine import cpu_model  # noqa: E402  (benchmarks/, first on the path when run as a script)
+
 
 def lab_throughput(batch: int, image_size: int, steps: int) -> float:
     """The lab's model: ResNet50 on float32 input in [0, 1], GAP, Dense(1016), softmax, float32."""
@@ -71,6 +73,7 @@ def main(argv=None) -> int:
     measured = precision.measure_cpu() if devices.bfloat16_native and not devices.float16_fast else None
     default = precision.choose("auto", devices, measured)
     gpu = bool(devices.gpu_capabilities)
+    print(f"machine: {cpu_model()}", flush=True)
     print(f"device: {devices.describe()}; --mixed-precision auto picks {default.policy} ({default.reason})")
     configs = configurations(default.policy, gpu)
     rates: dict[str, list[float]] = {name: [] for name, _ in configs}

@@ -38,8 +38,17 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
     assert ceiling, result.stdout
     decode_ms, resize_ms, fraction = map(float, ceiling.groups())
     assert 0 < decode_ms and abs(fraction - decode_ms / resize_ms) < 0.02  # the bound is what was timed
+    # The stage breakdown: the trainer's pipeline built up one stage at a time; each cost is the
+    # difference of the printed rates.
+    stage_block = result.stdout.split("| stage (N=1, epoch 1) | img/s | cost against the row before |\n|---|---|---|\n")[1]
+    stages = re.findall(r"^\| (.+?) \| ([\d,]+) \| (?:([+-]\d+\.\d{3}) ms/image)? \|$", stage_block, re.M)
+    assert len(stages) == 5 and stages[-1][0].endswith("the trainer's pipeline"), stage_block
+    rates = [float(rate.replace(",", "")) for _, rate, _ in stages]
+    for before, after, (_, _, cost) in zip(rates, rates[1:], stages[1:]):
+        assert abs(float(cost) - (1 / after - 1 / before) * 1e3) < 0.002 + 2e3 / after ** 2
     table = (tmp_path / "RESULTS.md").read_text()
     assert table.count("| 2 |") == 4 and "summary:" in table and ceiling.group(0) in table and verdict.group(0) in table
+    assert stages[-1][0] in table
 
 
 def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
@@ -47,6 +56,7 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
                              "--repeats", "1"], capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     policy = re.search(r"^device: .*; --mixed-precision auto picks (\S+) \((.*)\)$", result.stdout, re.M).group(1)
+    assert re.search(r"^machine: .+: ", result.stdout, re.M), result.stdout  # figures say where they come from
     lab = re.search(r"^lab \(float32, float32 input\) +(\d+\.\d\d) img/s  x1\.00$", result.stdout, re.M)
     default = re.search(rf"^trainer default \({policy}\) +(\d+\.\d\d) img/s  x(\d+\.\d\d)$", result.stdout, re.M)
     assert lab and default, result.stdout
