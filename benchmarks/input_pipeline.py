@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import platform
 import statistics
@@ -116,8 +117,14 @@ def host_resize_ceiling(files: list[str], images: int = 128) -> tuple[float, flo
     return decode_ms, resize_ms, decode_ms / resize_ms
 
 
-def timed_epochs(iterator, batches_per_epoch: int, epochs: int) -> list[tuple[float, int]]:
-    """Seconds and examples for each of `epochs` consecutive epochs of one iterator."""
+def timed_epochs(dataset: tf.data.Dataset, batches_per_epoch: int, epochs: int) -> list[tuple[float, int]]:
+    """Seconds and examples for each of `epochs` consecutive epochs of one iterator over `dataset`.
+
+    The iterator is destroyed before this returns. A live one keeps its background threads
+    filling buffers (the lab's 1,000-image shuffle buffer, every prefetch), which would run on
+    the same cores as the next configuration's measured epoch.
+    """
+    iterator = iter(dataset)
     results = []
     for _ in range(epochs):
         start, examples = time.perf_counter(), 0
@@ -126,6 +133,8 @@ def timed_epochs(iterator, batches_per_epoch: int, epochs: int) -> list[tuple[fl
             labels = element[1] if isinstance(element, tuple) else element
             examples += int(tf.shape(labels)[0])
         results.append((time.perf_counter() - start, examples))
+    del iterator
+    gc.collect()
     return results
 
 
@@ -147,13 +156,13 @@ def measure(files, num_images, num_workers, repeats, bucket_files=None):
         for name in rows:
             if name == "baseline":
                 dataset = lab_pipeline(files, num_workers, 0)
-                epoch_results = [timed_epochs(iter(dataset), batches, 1)[0] for _ in range(2)]  # re-iterated: decodes again
+                epoch_results = [timed_epochs(dataset, batches, 1)[0] for _ in range(2)]  # re-iterated: decodes again
             elif name == "trainer":
-                epoch_results = timed_epochs(iter(data.make_dataset(split, options, context)), batches, 2)
+                epoch_results = timed_epochs(data.make_dataset(split, options, context), batches, 2)
             elif name == "bucket":
-                epoch_results = timed_epochs(iter(data.make_dataset(bucket_split, options, context)), batches, 2)
+                epoch_results = timed_epochs(data.make_dataset(bucket_split, options, context), batches, 2)
             else:
-                epoch_results = timed_epochs(iter(decode_limit(files, num_workers, 0)), batches, 1) * 2
+                epoch_results = timed_epochs(decode_limit(files, num_workers, 0), batches, 1) * 2
             for epoch, (seconds, examples) in enumerate(epoch_results):
                 if round_index > 0:
                     rows[name][epoch].append(examples / seconds)
@@ -204,7 +213,7 @@ def stage_costs(files: list[str], num_images: int, repeats: int) -> list[tuple[s
     batches = num_images // BATCH
     for round_index in range(repeats + 1):
         for name, build in stages:  # alternating, so that drift hits every stage alike
-            seconds, examples = timed_epochs(iter(build()), batches, 1)[0]
+            seconds, examples = timed_epochs(build(), batches, 1)[0]
             if round_index:
                 rates[name].append(examples / seconds)
     return [(name, statistics.median(values)) for name, values in rates.items()]

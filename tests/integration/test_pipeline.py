@@ -220,3 +220,11 @@ def test_the_generator_dataset_warning_comes_from_tf_distribute_not_our_pipeline
         printed[mode] = [line for line in result.stderr.splitlines() if "GeneratorDatasetOp" in line]
     assert printed["alone"] == []
     assert len(printed["distributed"]) == 1 and logs.is_harmless(printed["distributed"][0])
+
+
+def test_files_in_a_bucket_are_read_eight_at_once_and_local_files_as_autotune_says():
+    import tensorflow as tf
+
+    assert data.parallel_reads(("gs://b/train-0.tfrecord",) * 16) == 8
+    assert data.parallel_reads(("/gcs/b/train-0.tfrecord", "/gcs/b/train-1.tfrecord")) == 2
+    assert data.parallel_reads(("/data/train-0.tfrecord",) * 16) == tf.data.AUTOTUNE
