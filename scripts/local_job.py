@@ -538,8 +538,10 @@ class JobRun:
 
 # --- the command ------------------------------------------------------------------------------
 
-def stage(server, pairs: list[str]) -> None:
-    """Copies local files into the local server before the job: LOCAL=gs://BUCKET/PREFIX."""
+def stage(server, pairs: list[str]) -> list[str]:
+    """Copies local files into the local server before the job: LOCAL=gs://BUCKET/PREFIX.
+    Returns the buckets written to."""
+    buckets = []
     for pair in pairs:
         local, _, target = pair.partition("=")
         match = re.fullmatch(rf"gs://({BUCKET_NAME})/?(.*)", target)
@@ -547,11 +549,13 @@ def stage(server, pairs: list[str]) -> None:
             raise JobError(f"--stage takes LOCAL_PATH=gs://BUCKET/PREFIX with an existing LOCAL_PATH; got {pair!r}")
         bucket, prefix = match.group(1), match.group(2).rstrip("/")
         server.create_bucket(bucket)
+        buckets.append(bucket)
         root = Path(local)
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
         for path in files:
             relative = path.name if root.is_file() else path.relative_to(root).as_posix()
             server.upload(bucket, f"{prefix}/{relative}" if prefix else relative, path.read_bytes())
+    return buckets
 
 
 def keep(server, buckets: list[str], directory: Path) -> int:
@@ -643,7 +647,7 @@ def run(spec: dict, *, engine: str | None = None, real_gcs: bool = False, preemp
             buckets = buckets_named(spec)
             for bucket in buckets:
                 server.create_bucket(bucket)
-            stage(server, list(stages))
+            buckets = sorted(set(buckets) | set(stage(server, list(stages))))
             options = Options(tool, {}, [f"{server.ca}:{CA_IN_CONTAINER}:ro"])
             fuse = mount_buckets(server, scratch / "gcs-files", output)
             if fuse is not None:
@@ -670,8 +674,7 @@ def run(spec: dict, *, engine: str | None = None, real_gcs: bool = False, preemp
         else:
             code = run_trials(spec, job_spec, job_id, options, output, scratch, seed)
         if keep_dir and server is not None:
-            count = keep(server, buckets_named(spec) + [re.match(rf"[^=]*=gs://({BUCKET_NAME})", s).group(1) for s in stages],
-                         Path(keep_dir))
+            count = keep(server, buckets, Path(keep_dir))
             output.note(f"copied {count} objects from the local Cloud Storage server to {keep_dir}")
         return code
     except KeyboardInterrupt:
