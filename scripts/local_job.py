@@ -512,13 +512,14 @@ class JobRun:
                         return None
                 how = "on a new machine" if new_machine else "on the same machine"
                 if self.restart_all:
-                    self.output.note(f"{replica.name} exited {code}: restarting every replica "
-                                     f"(restartJobOnWorkerRestart), {replica.name} {how}", "WARNING")
                     others = [r for r in self.replicas if r is not replica]
                     self.stop(others)
-                    # A preempted replica that exited meanwhile comes back on a new machine too.
+                    # A preempted replica that exited meanwhile (its peers may exit first, having
+                    # saved a backup together) comes back on a new machine too.
                     new_machines = {replica.name} if new_machine else set()
                     new_machines |= {name for name in list(preempted) if name not in self.processes and preempted.pop(name)}
+                    self.output.note(f"{replica.name} exited {code}: restarting every replica (restartJobOnWorkerRestart)"
+                                     + "".join(f", {name} on a new machine" for name in sorted(new_machines)), "WARNING")
                     for each in self.replicas:
                         self.launch(each, new_machine=each.name in new_machines)
                 else:
