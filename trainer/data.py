@@ -101,8 +101,10 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def records(split: Split, context: tf.distribute.InputContext, training: bool) -> tf.data.Dataset:
-    """This pipeline's share of the split as {image: JPEG bytes, label, id}, nothing decoded."""
+def records(split: Split, context: tf.distribute.InputContext, training: bool,
+            shuffle_buffer: int = 0, seed: int | None = None) -> tf.data.Dataset:
+    """This pipeline's share of the split as {image: JPEG bytes, label, id, file}, nothing decoded;
+    shuffled through a buffer of `shuffle_buffer` records when it is not 0."""
     num_pipelines, index = context.num_input_pipelines, context.input_pipeline_id
     file_sharding = sharding_mode(split.num_files, num_pipelines) == "FILE"
     # Record-level (DATA) sharding keeps every N-th record, so every worker must see the records
@@ -110,22 +112,30 @@ def records(split: Split, context: tf.distribute.InputContext, training: bool) -
     shuffle_files = training and (file_sharding or num_pipelines == 1)
     if split.tfds_name:
         dataset = _tfds_records(split, context if file_sharding else None, shuffle_files)
-    else:
-        files = tf.data.Dataset.from_tensor_slices(list(split.files))
-        if file_sharding:
-            files = files.shard(num_pipelines, index)
-        if shuffle_files:
-            files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
-        dataset = files.interleave(
-            # Each record carries its file's name, so a bad label can name the file.
-            lambda path: tf.data.TFRecordDataset(path).map(lambda serialized: (serialized, path)),
-            cycle_length=min(len(split.files), 8),
-            num_parallel_calls=parallel_reads(split.files),
-            deterministic=not shuffle_files,
-        ).map(_parse_record, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle_files)
+        if not file_sharding and num_pipelines > 1:
+            dataset = dataset.shard(num_pipelines, index)
+        if shuffle_buffer:
+            dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        return dataset
+    files = tf.data.Dataset.from_tensor_slices(list(split.files))
+    if file_sharding:
+        files = files.shard(num_pipelines, index)
+    if shuffle_files:
+        files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
+    dataset = files.interleave(
+        # Each record carries its file's name, so a bad label can name the file.
+        lambda path: tf.data.TFRecordDataset(path).map(lambda serialized: (serialized, path)),
+        cycle_length=min(len(split.files), 8),
+        num_parallel_calls=parallel_reads(split.files),
+        deterministic=not shuffle_files,
+    )
     if not file_sharding and num_pipelines > 1:
         dataset = dataset.shard(num_pipelines, index)
-    return dataset
+    if shuffle_buffer:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    # Parsed last, so that map fusion joins the parse to the caller's decode: one function call
+    # per record instead of two.
+    return dataset.map(_parse_record, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle_files)
 
 
 def parallel_reads(files: tuple[str, ...]) -> int:
@@ -180,15 +190,22 @@ def looks_decodable(encoded: tf.Tensor) -> tf.Tensor:
     """Whether `encoded` is a whole JPEG, PNG, GIF or BMP, from its first and last bytes only:
     catches what goes wrong in practice (other files, truncated uploads) for a few microseconds,
     where a decode that fails would stop the whole input pipeline."""
+    return _inspect(encoded)[0]
+
+
+def _inspect(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(looks decodable, is a JPEG). Small ops only: in a tf.data function each costs a few
+    microseconds whatever its size, so the checks share their slices."""
     length = tf.strings.length(encoded)
+    head = tf.strings.substr(encoded, 0, 8)
     tail = tf.io.decode_raw(tf.strings.substr(encoded, tf.maximum(length - _JPEG_TAIL_BYTES, 0), _JPEG_TAIL_BYTES),
                             tf.uint8)
+    jpeg = tf.equal(tf.strings.substr(head, 0, 3), b"\xff\xd8\xff")
     jpeg_ends = tf.reduce_any(tf.logical_and(tf.equal(tail[:-1], 0xFF), tf.equal(tail[1:], 0xD9)))
-    head = tf.strings.substr(encoded, 0, 8)
     png = tf.logical_and(tf.equal(head, b"\x89PNG\r\n\x1a\n"),
                          tf.equal(tf.strings.substr(encoded, tf.maximum(length - 8, 0), 8), _PNG_END))
     other = tf.logical_or(tf.equal(tf.strings.substr(head, 0, 4), b"GIF8"), tf.equal(tf.strings.substr(head, 0, 2), b"BM"))
-    return tf.logical_or(tf.logical_and(tf.io.is_jpeg(encoded), jpeg_ends), tf.logical_or(png, other))
+    return tf.logical_or(tf.logical_and(jpeg, jpeg_ends), tf.logical_or(png, other)), jpeg
 
 
 def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, deterministic: bool,
@@ -198,37 +215,30 @@ def skip_undecodable(dataset: tf.data.Dataset, image_size: int, max_bad: int, de
     (`label_outside_classes` reads it)."""
 
     def decode(record):
-        ok = looks_decodable(record["image"])
-        image = tf.cond(ok, lambda: decode_resize(record["image"], image_size),
-                        lambda: tf.zeros((image_size, image_size, 3), tf.uint8))
+        ok, jpeg = _inspect(record["image"])
+        image = _decode_resize(record["image"], image_size, jpeg, ok=ok, example_id=record["id"])
         return {"image": image, "label": record["label"], "id": record["id"], "file": record["file"], "ok": ok}
 
     def count(bad_so_far, record):
         bad = bad_so_far + tf.cast(tf.logical_not(record["ok"]), tf.int64)
-
-        def warn():
-            with tf.control_dependencies([tf.print("trainer: skipping undecodable image", record["id"],
-                                                   output_stream=sys.stderr)]):
-                return tf.constant(0)
-
-        warned = tf.cond(record["ok"], lambda: tf.constant(0), warn)
-        within = tf.debugging.assert_less_equal(
-            bad, tf.constant(max_bad, tf.int64),
-            message=f"{TOO_MANY_BAD_EXAMPLES}: more than {max_bad} in one pass (--max-bad-examples)")
+        within = tf.debugging.Assert(
+            bad <= max_bad, [f"{TOO_MANY_BAD_EXAMPLES}: more than {max_bad} in one pass (--max-bad-examples)"])
         # After ignore_errors, which would swallow it. (Files dataset.json describes are not
         # read before training, so this is where their labels are checked.)
         label = record["label"]
         known = tf.debugging.Assert(tf.logical_and(label >= 0, label < num_classes),
                                     [LABEL_OUTSIDE_CLASSES, record["file"], label])
-        with tf.control_dependencies([warned, within, known]):
-            return bad, dict(record)
+        # The outputs depend on both checks: a tf.data function may prune an op nothing uses.
+        with tf.control_dependencies([within, known]):
+            return tf.identity(bad), {"image": record["image"], "label": tf.identity(label), "id": record["id"],
+                                      "ok": tf.identity(record["ok"])}
 
     dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     # An image that passes the check above but still fails to decode is dropped here, with
     # TensorFlow's own warning. (Before the count: it would also swallow the count's error.)
     dataset = dataset.ignore_errors(log_warning=True)
     dataset = dataset.scan(tf.constant(0, tf.int64), count).filter(lambda r: r["ok"])
-    return dataset.map(lambda r: {k: v for k, v in r.items() if k not in ("ok", "file")})
+    return dataset.map(lambda r: {k: v for k, v in r.items() if k != "ok"})
 
 
 def too_many_bad_examples(error: BaseException) -> bool:
@@ -252,11 +262,41 @@ def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     step and the reduced decode is several times cheaper. Other formats (PNG in some TFDS
     builds) take the plain path.
     """
-    image = tf.cond(
-        tf.io.is_jpeg(encoded),
-        lambda: _decode_jpeg_for(encoded, size),
-        lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False),
-    )
+    return _decode_resize(encoded, size, tf.io.is_jpeg(encoded))
+
+
+# A JPEG header (1x1 pixel, no image data) that extract_jpeg_shape reads in place of an image
+# that is not a JPEG, so the decoder can be chosen without a conditional (see _decode_resize).
+_HEADER_ONLY_JPEG = bytes.fromhex("ffd8" "ffc00011080001000103012200021101031101" "ffda000c03010002110311003f00" "ffd9")
+_JPEG_RATIOS = (1, 2, 4, 8)
+
+
+def _decode_resize(encoded: tf.Tensor, size: int, jpeg: tf.Tensor, ok: tf.Tensor | None = None,
+                   example_id: tf.Tensor | None = None) -> tf.Tensor:
+    """decode_resize, with the JPEG test already made. With `ok`, an image that failed the
+    check becomes zeros, after a warning naming `example_id`.
+
+    Every choice is one switch_case: in a tf.data function each conditional is a function call of
+    tens of microseconds, and nesting three of them (check, format, DCT scale) cost about a tenth
+    of an image's decode (benchmarks/input_pipeline.py's stage table).
+    """
+    shape = tf.image.extract_jpeg_shape(tf.raw_ops.Select(condition=jpeg, x=encoded, y=_HEADER_ONLY_JPEG))
+    # The largest ratio that keeps the short side >= size: how many of 2, 4, 8 it allows.
+    short_side = tf.minimum(shape[0], shape[1])
+    scale = tf.reduce_sum(tf.cast(short_side >= tf.constant([r * size for r in _JPEG_RATIOS[1:]]), tf.int32))
+    branch = tf.where(jpeg, 1 + scale, 0)
+    branches = [lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False)]
+    branches += [lambda r=r: tf.io.decode_jpeg(encoded, channels=3, ratio=r) for r in _JPEG_RATIOS]
+    if ok is not None:
+        branch = tf.where(ok, branch + 1, 0)
+
+        def undecodable():
+            with tf.control_dependencies([tf.print("trainer: skipping undecodable image", example_id,
+                                                   output_stream=sys.stderr)]):
+                return tf.zeros((1, 1, 3), tf.uint8)
+
+        branches = [undecodable] + branches
+    image = tf.switch_case(branch, branches)
     # Plain bilinear: after the DCT-scaled decode the remaining downscale is under 2x, where
     # bilinear is close to exact, and antialiasing would cost more than the decode itself.
     # Casting first is faster: the bilinear kernel measured 0.2-0.3 ms quicker per 600x450 image
@@ -266,29 +306,27 @@ def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     return tf.cast(resized + 0.5, tf.uint8)
 
 
-def _decode_jpeg_for(encoded: tf.Tensor, size: int) -> tf.Tensor:
-    shape = tf.image.extract_jpeg_shape(encoded)
-    short_side = tf.minimum(shape[0], shape[1])
-    ratios = (1, 2, 4, 8)
-    # The largest ratio that keeps the short side >= size; the conditions are nested, so
-    # counting the ones that hold gives its index.
-    branch = tf.add_n([tf.cast(short_side // r >= size, tf.int32) for r in ratios[1:]])
-    return tf.switch_case(
-        branch, [lambda r=r: tf.io.decode_jpeg(encoded, channels=3, ratio=r) for r in ratios]
-    )
-
-
 def make_dataset(
     split: Split, options: PipelineOptions, context: tf.distribute.InputContext | None = None
 ) -> tf.data.Dataset:
     """This worker's batches of ({"image": uint8 NHWC}, label); training data repeats forever."""
     context = context or tf.distribute.InputContext()
-    dataset = skip_undecodable(records(split, context, options.training), options.image_size, options.max_bad_examples,
+    # Shuffled as encoded records, before decoding: the buffer holds JPEGs, a tenth of the
+    # decoded images' bytes, and every image is batched straight after its decode, while it is
+    # still in the CPU's cache (a decoded image that waited in the buffer is copied from memory:
+    # 0.03 ms of about 1.1 ms per image, benchmarks/input_pipeline.py).
+    dataset = records(split, context, options.training,
+                      shuffle_buffer=options.shuffle_buffer if options.training else 0, seed=options.seed)
+    dataset = skip_undecodable(dataset, options.image_size, options.max_bad_examples,
                                deterministic=not options.training, num_classes=split.num_classes)
     if options.cache:
         dataset = dataset.cache()
-    if options.training:
-        dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed, reshuffle_each_iteration=True)
+        if options.training:
+            # The first pass fills the cache in the order shuffled above; every later pass
+            # reshuffles the decoded images, read from the cache.
+            dataset = dataset.concatenate(
+                dataset.shuffle(options.shuffle_buffer, seed=options.seed, reshuffle_each_iteration=True).repeat())
+    elif options.training:
         dataset = dataset.repeat()
     batch_size = context.get_per_replica_batch_size(
         options.per_replica_batch_size * context.num_replicas_in_sync

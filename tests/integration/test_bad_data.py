@@ -36,7 +36,10 @@ def test_a_corrupt_image_is_skipped_with_its_id_and_training_goes_on(tmp_path):
 
 
 def test_too_many_corrupt_images_stop_the_job_with_one_line_and_exit_2(tmp_path):
-    result = train(tmp_path, write_dataset(tmp_path / "data", bad=4), "--max-bad-examples", "3")
+    # The count runs as the images stream through, so the job must read past the 4th: 6 steps
+    # of 4 is more than the 16 good images of one pass.
+    result = train(tmp_path, write_dataset(tmp_path / "data", bad=4), "--max-bad-examples", "3",
+                   "--steps-per-epoch", "6")
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
     assert errors == ["trainer.task: error: more than 3 undecodable images in one pass over this task's data "
