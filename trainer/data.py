@@ -12,14 +12,18 @@ Order of work, and why:
    on. JPEGs much larger than the target are decoded at a reduced DCT scale, which is nearly free
    and visually exact. Casting and normalising happen on the device, in the model's first layer,
    so the host ships a quarter of float32's bytes.
-3. Cache the decoded images in memory when they fit, so later epochs skip decoding.
-4. Shuffle after the cache, so every epoch still sees a new order. Augmentation (random crops
-   and flips) is not done here: it is layers at the front of the model (trainer.model), which
-   run on the accelerator and only in training.
+3. Shuffle the encoded records before decoding: the buffer holds JPEGs, not decoded images, and
+   each image goes to its batch straight from its decode, while it is still in the CPU's cache.
+4. Cache the decoded images in memory when they fit, so later epochs skip decoding. The first pass
+   fills the cache in the order shuffled above; every later pass reshuffles the cached images, so
+   every epoch still sees a new order. Augmentation (random crops and flips) is not done here: it
+   is layers at the front of the model (trainer.model), which run on the accelerator and only in
+   training.
 
 An image that cannot be decoded (not an image, or cut short) is skipped with a warning naming its
-example id; past `max_bad_examples` in one pass over a worker's share, the pipeline fails with an
-error that `too_many_bad_examples` recognises, and the job stops with one line (exit 2).
+example id; past `max_bad_examples` in one pass over a worker's share, the pipeline fails (as
+the images stream through: when training reaches the one over the limit) with an error that
+`too_many_bad_examples` recognises, and the job stops with one line (exit 2).
 """
 
 from __future__ import annotations

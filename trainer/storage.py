@@ -20,12 +20,14 @@ from trainer import exits
 # Settings TensorFlow's GCS client reads once, when it first starts; a task sets them before
 # importing TensorFlow unless the environment already has them (trainer.task).
 CLIENT_ENVIRONMENT = {
-    # Every file opened for reading gets a buffer of this size (TensorFlow 2.21's default is
-    # 128 MB, zero-filled per file). Reading 16 shards of 3.7 MB through the local server cost the
-    # client 0.8 s of CPU with the default and 0.25 s with 4 MB; epoch 1 from a bucket went from
-    # 0.45x to 0.86-0.88x of local disk (benchmarks/input_pipeline.py; 8 MB, what Google's TF Model
-    # Garden images set, gave 0.65-0.74x). A 100 MB shard is then 25 requests, read as the file is.
-    "GCS_READ_CACHE_BLOCK_SIZE_MB": "4",
+    # Every file opened for reading gets a zero-filled buffer of this size, and each refill of it
+    # is one request (TensorFlow 2.21's default is 128 MB: 0.5 s of the client's kernel time per
+    # 72 MB epoch, faulting in fresh pages). Measured with benchmarks/input_pipeline.py's files
+    # (16 shards of 4.5 MB, every request delayed 30 ms), the setting in the environment before
+    # TensorFlow starts, two alternating pairs of processes: epoch 1 from the bucket was 0.85-0.89x
+    # of local disk with 16 MB and 0.69-0.78x with 4 MB, whose two requests per shard each wait
+    # the first-byte delay. A 100 MB shard is 7 requests, read as the file is.
+    "GCS_READ_CACHE_BLOCK_SIZE_MB": "16",
 }
 
 _GCS_PATH = re.compile(r"gs://[^\s'\"]+")
