@@ -42,7 +42,11 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
     # difference of the printed rates.
     stage_block = result.stdout.split("| stage (N=1, epoch 1) | img/s | cost against the row before |\n|---|---|---|\n")[1]
     stages = re.findall(r"^\| (.+?) \| ([\d,]+) \| (?:([+-]\d+\.\d{3}) ms/image)? \|$", stage_block, re.M)
-    assert len(stages) == 5 and stages[-1][0].endswith("the trainer's pipeline"), stage_block
+    names = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); import input_pipeline as b; from trainer import data; "
+         "print('\\n'.join(n for n, _ in b.stage_pipelines(data.Split('train', 1, ('a',), ('x',)))))"],
+        capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=300).stdout.splitlines()
+    assert [name for name, _, _ in stages] == names and names[-1].endswith("the trainer's pipeline"), stage_block
     rates = [float(rate.replace(",", "")) for _, rate, _ in stages]
     for before, after, (_, _, cost) in zip(rates, rates[1:], stages[1:]):
         assert abs(float(cost) - (1 / after - 1 / before) * 1e3) < 0.002 + 2e3 / after ** 2

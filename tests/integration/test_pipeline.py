@@ -121,6 +121,49 @@ def test_cache_on_and_off_give_the_same_examples(eight_files):
     assert results[0] == results[1]
 
 
+def test_later_passes_cover_the_shard_once_each_in_a_new_order(eight_files):
+    """The first pass fills the cache in the order the records were shuffled; each later pass
+    reshuffles the cached images: every pass is the whole shard, and not the same order twice."""
+    split, expected = eight_files
+    options = data.PipelineOptions(image_size=16, per_replica_batch_size=8, training=True, cache=True,
+                                   shuffle_buffer=64, seed=5, trace_path=None)
+    dataset = data.make_dataset(split, options)
+    passes = []
+    iterator = iter(dataset)
+    for _ in range(3):
+        passes.append([int(v) for _ in range(5) for v in next(iterator)[1].numpy()])  # 5 x 8 = all 40
+    for labels in passes:
+        assert sorted(labels) == sorted(expected.values())
+    images = iter(dataset.unbatch().map(lambda features, label: features["image"]))
+    first, second = ([next(images).numpy().tobytes() for _ in range(40)] for _ in range(2))
+    assert sorted(first) == sorted(second) and first != second
+
+
+def _reference(encoded: bytes, size: int, ratio: int | None) -> np.ndarray:
+    """What the pipeline must produce, built here from the decoder the image calls for."""
+    image = tf.io.decode_jpeg(encoded, channels=3, ratio=ratio) if ratio else tf.io.decode_image(encoded, channels=3)
+    return tf.cast(tf.image.resize(tf.cast(image, tf.float32), (size, size)) + 0.5, tf.uint8).numpy()
+
+
+@pytest.mark.parametrize("shape, ratio", [((120, 140), 1), ((200, 150), 2), ((330, 420), 4), ((640, 700), 8),
+                                          ((300, 330), 4), ((90, 60), "png")])
+def test_every_decoder_branch_gives_the_pixels_it_should(tmp_path, shape, ratio):
+    """One switch_case picks the decoder (check, format, DCT scale): each branch, through both
+    decode_resize and the training path's skip_undecodable, against a reference decoded directly
+    (the largest ratio that leaves the short side at least 75 px; 300 // 4 is exactly 75)."""
+    size = 75
+    pixels = np.random.default_rng(shape[0]).integers(0, 255, (*shape, 3), dtype=np.uint8)
+    encoded = (tf.io.encode_png(pixels) if ratio == "png" else tf.io.encode_jpeg(pixels, quality=90)).numpy()
+    expected = _reference(encoded, size, None if ratio == "png" else ratio)
+    np.testing.assert_array_equal(data.decode_resize(tf.constant(encoded), size).numpy(), expected)
+    broken = encoded[: len(encoded) // 2]
+    records_in = tf.data.Dataset.from_tensor_slices(
+        {"image": [broken, encoded], "label": [1, 2], "id": ["broken", "good"], "file": ["f", "f"]})
+    out = list(data.skip_undecodable(records_in, size, max_bad=1, deterministic=True, num_classes=5))
+    assert [r["id"].numpy() for r in out] == [b"good"]
+    np.testing.assert_array_equal(out[0]["image"].numpy(), expected)
+
+
 @pytest.mark.parametrize("label", range(5))
 @pytest.mark.parametrize("size", [64, 300])
 def test_reduced_scale_decode_is_close_to_full_decode(label, size):
@@ -228,3 +271,14 @@ def test_files_in_a_bucket_are_read_eight_at_once_and_local_files_as_autotune_sa
     assert data.parallel_reads(("gs://b/train-0.tfrecord",) * 16) == 8
     assert data.parallel_reads(("/gcs/b/train-0.tfrecord", "/gcs/b/train-1.tfrecord")) == 2
     assert data.parallel_reads(("/data/train-0.tfrecord",) * 16) == tf.data.AUTOTUNE
+
+
+def test_splits_from_a_bucket_are_told_from_local_ones():
+    """Which splits are shuffled after decoding (data.make_dataset): those read over the network."""
+    local = data.Split("train", 1, ("a",), files=("/data/train-0.tfrecord",))
+    assert not data.reads_remote(local)
+    assert data.reads_remote(data.Split("train", 1, ("a",), files=("gs://b/train-0.tfrecord",)))
+    assert data.reads_remote(data.Split("train", 1, ("a",), files=("/gcs/b/train-0.tfrecord",)))
+    assert data.reads_remote(data.Split("train", 1, ("a",), tfds_name="cassava", tfds_data_dir="gs://b/tfds"))
+    assert not data.reads_remote(data.Split("train", 1, ("a",), tfds_name="cassava", tfds_data_dir="/root/tfds"))
+    assert not data.reads_remote(data.Split("train", 1, ("a",), tfds_name="cassava"))

@@ -52,7 +52,7 @@ def test_the_task_sets_the_gcs_client_settings_unless_the_user_did():
     cluster = cluster_lib.resolve({})
     environ = {}
     task.prepare_environment(cluster, "mirrored", environ)
-    assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "4"
+    assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == storage.CLIENT_ENVIRONMENT["GCS_READ_CACHE_BLOCK_SIZE_MB"]
     environ = {"GCS_READ_CACHE_BLOCK_SIZE_MB": "64"}
     task.prepare_environment(cluster, "mirrored", environ)
     assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "64"
