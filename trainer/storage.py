@@ -24,11 +24,11 @@ CLIENT_ENVIRONMENT = {
     # is one request (TensorFlow 2.21's default is 128 MB: 0.5 s of the client's kernel time per
     # 72 MB epoch, faulting in fresh pages). Measured with benchmarks/input_pipeline.py's files
     # (16 shards of 4.5 MB, every request delayed 30 ms), the setting in the environment before
-    # TensorFlow starts, alternating processes on the 2-core AMD EPYC (family 26): epoch 1 from the bucket was 0.69-0.78x of local
-    # disk with 4 MB, whose two requests per shard each wait the first-byte delay, 0.76-0.90x with
-    # 8 MB and 0.84-0.89x with 16 MB. 8 MB, what Google's TF Model Garden images set, reads such
-    # shards in one request and zero-fills half of what 16 MB does for every small file. A 100 MB
-    # shard is 13 requests, read as the file is.
+    # TensorFlow starts, alternating processes on the 2-core AMD EPYC (family 26): epoch 1 from
+    # the bucket was 0.69-0.78x of local disk with 4 MB, whose two requests per shard each wait
+    # the first-byte delay, 0.76-0.90x with 8 MB and 0.84-0.89x with 16 MB. 8 MB, what Google's
+    # TF Model Garden images set, reads such shards in one request and zero-fills half of what
+    # 16 MB does for every small file. A 100 MB shard is 13 requests, read as the file is.
     "GCS_READ_CACHE_BLOCK_SIZE_MB": "8",
 }
 
