@@ -117,27 +117,25 @@ def records(split: Split, context: tf.distribute.InputContext, training: bool,
     shuffle_files = training and (file_sharding or num_pipelines == 1)
     if split.tfds_name:
         dataset = _tfds_records(split, context if file_sharding else None, shuffle_files)
-        if not file_sharding and num_pipelines > 1:
-            dataset = dataset.shard(num_pipelines, index)
-        if shuffle_buffer:
-            dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        return dataset
-    files = tf.data.Dataset.from_tensor_slices(list(split.files))
-    if file_sharding:
-        files = files.shard(num_pipelines, index)
-    if shuffle_files:
-        files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
-    dataset = files.interleave(
-        # Each record carries its file's name, so a bad label can name the file.
-        lambda path: tf.data.TFRecordDataset(path).map(lambda serialized: (serialized, path)),
-        cycle_length=min(len(split.files), 8),
-        num_parallel_calls=parallel_reads(split.files),
-        deterministic=not shuffle_files,
-    )
+    else:
+        files = tf.data.Dataset.from_tensor_slices(list(split.files))
+        if file_sharding:
+            files = files.shard(num_pipelines, index)
+        if shuffle_files:
+            files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
+        dataset = files.interleave(
+            # Each record carries its file's name, so a bad label can name the file.
+            lambda path: tf.data.TFRecordDataset(path).map(lambda serialized: (serialized, path)),
+            cycle_length=min(len(split.files), 8),
+            num_parallel_calls=parallel_reads(split.files),
+            deterministic=not shuffle_files,
+        )
     if not file_sharding and num_pipelines > 1:
         dataset = dataset.shard(num_pipelines, index)
     if shuffle_buffer:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if split.tfds_name:
+        return dataset
     # Parsed last, so that map fusion joins the parse to the caller's decode: one function call
     # per record instead of two.
     return dataset.map(_parse_record, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle_files)
