@@ -71,6 +71,62 @@ def saved_model_op_dtypes(model_dir) -> dict[str, list[str]]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+_TRAINING_LOG_SCRIPT = """
+import glob, json, sys
+import trainer, tensorflow as tf
+ops, policies = {}, {}
+
+def layers(config):
+    for layer in config.get("config", {}).get("layers", []):
+        yield layer
+        yield from layers(layer)
+
+for path in glob.glob(sys.argv[1] + "/events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(path):
+        if event.graph_def:
+            graph = tf.compat.v1.GraphDef.FromString(event.graph_def)
+            for node in list(graph.node) + [n for f in graph.library.function for n in f.node_def]:
+                if node.op in ("Conv2D", "Conv2DBackpropFilter", "MatMul", "Softmax") and "T" in node.attr:
+                    ops.setdefault(node.op, set()).add(tf.dtypes.as_dtype(node.attr["T"].type).name)
+        for value in event.summary.value:
+            if value.tag == "keras":
+                for layer in layers(json.loads(tf.make_ndarray(value.tensor).item())):
+                    dtype = layer.get("config", {}).get("dtype")  # a policy, or a plain name ("float32")
+                    if dtype:
+                        name = dtype["config"]["name"] if isinstance(dtype, dict) else dtype
+                        policies.setdefault(layer["class_name"], set()).add(name)
+print(json.dumps([{k: sorted(v) for k, v in found.items()} for found in (ops, policies)]))
+"""
+
+
+def _training_log(log_dir) -> tuple[dict, dict]:
+    import json
+
+    result = subprocess.run([sys.executable, "-c", _TRAINING_LOG_SCRIPT, str(log_dir)], cwd=REPO,
+                            env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ops, policies = json.loads(result.stdout.strip().splitlines()[-1])
+    return ops, policies
+
+
+def train_graph_op_dtypes(log_dir) -> dict[str, list[str]]:
+    """The dtypes the train step computes Conv2D (forward and, as Conv2DBackpropFilter, backward),
+    MatMul and Softmax in, read from the graph Keras' TensorBoard callback wrote to `log_dir`
+    (the job's logs/train), in a fresh process: what the job trained in (the export is float32)."""
+    ops, _ = _training_log(log_dir)
+    assert ops, f"no train graph in {log_dir}"
+    return ops
+
+
+def trained_model_policies(log_dir) -> dict[str, list[str]]:
+    """Layer class -> the dtype policies of its layers in the model Keras' TensorBoard callback
+    described in `log_dir`: the model the job built, where no train graph is written (a
+    ParameterServerStrategy coordinator's callback writes none)."""
+    _, policies = _training_log(log_dir)
+    assert policies, f"no model description in {log_dir}"
+    return policies
+
+
 _SERVE_SCRIPT = """
 import json, sys
 import numpy as np

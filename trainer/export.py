@@ -24,6 +24,9 @@ def load_checkpoint(config: TrainConfig, num_classes: int, checkpoint: str) -> t
 
 
 def save_unsharded(config: TrainConfig, class_names, checkpoint: str) -> None:
-    model = load_checkpoint(config, len(class_names), checkpoint)
+    """The export computes in float32 whatever the job trained in (model_lib.float32_copy says
+    why); the checkpoint's variables are float32 under every policy."""
+    with model_lib.float32_policy():
+        model = load_checkpoint(config, len(class_names), checkpoint)
     serving.save(model, config.model_dir, class_names, config.image_size)
     log.info("saved model to %s (from %s)", config.model_dir, checkpoint)

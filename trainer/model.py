@@ -8,6 +8,9 @@ float32 would need and caches images at the size the model takes.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import tensorflow as tf
 
 HEAD_UNITS = 1024
@@ -101,3 +104,35 @@ def compile_model(model: tf.keras.Model, learning_rate: float, steps_per_executi
         steps_per_execution=steps_per_execution,
         jit_compile=jit_compile,
     )
+
+
+@contextlib.contextmanager
+def float32_policy() -> Iterator[None]:
+    """Layers built inside compute in float32, whatever policy the job trains in."""
+    trained_in = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("float32")
+    try:
+        yield
+    finally:
+        tf.keras.mixed_precision.set_global_policy(trained_in)
+
+
+def float32_copy(model: tf.keras.Model, num_classes: int, image_size: int, architecture: str, seed: int = 0
+                 ) -> tf.keras.Model:
+    """`model`'s weights in a model of the same architecture that computes in float32, built
+    outside any distribution strategy, without an optimizer: what the job exports.
+
+    Why float32 whatever the job trained in: the machine that serves the model is not the one
+    that trained it. A bfloat16 graph runs several times slower on a CPU without bfloat16
+    instructions (emulated: about 6x for a ResNet50 step, trainer.precision), and its answers
+    differ between TensorFlow versions by rounding (4e-3 in probability, TF 2.15 against 2.21).
+    The weights are float32 under every policy, so nothing is lost.
+
+    Under MultiWorkerMirroredStrategy reading the weights is a collective (a batch-normalisation
+    statistic is read as the mean over the workers): every task must call this.
+    """
+    weights = model.get_weights()
+    with float32_policy():
+        copy = build(num_classes, image_size, "none", architecture, seed)
+    copy.set_weights(weights)
+    return copy

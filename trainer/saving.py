@@ -1,9 +1,11 @@
 """Saving the final model from every worker of a synchronous job.
 
-`model.save` under MultiWorkerMirroredStrategy is a collective: every worker must call it, or the
-chief waits forever for the others. Only the chief's copy is wanted, so each other worker saves
-into a private temporary directory on its own disk and deletes it at once. (The lab saved those
-copies next to the real model, in the bucket, one per worker per job.)
+What is saved is `trainer.model.float32_copy` of the trained model, and making it is a collective
+under MultiWorkerMirroredStrategy (reading batch normalisation's statistics is a mean over the
+workers), so every worker makes it. Every worker then saves it in MultiWorkerMirroredStrategy's
+documented pattern (made for saving the distributed model, itself a collective): the chief into
+the model dir, each other worker into a private temporary directory on its own disk, deleted at
+once. (The lab saved those copies next to the real model, in the bucket, one per worker per job.)
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Iterator
 
 import tensorflow as tf
 
-from trainer import serving
+from trainer import model as model_lib, serving
 from trainer.cluster import Cluster
+from trainer.config import TrainConfig
 
 log = logging.getLogger("trainer")
 
@@ -36,10 +39,12 @@ def save_path(model_dir: str, cluster: Cluster) -> Iterator[str]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def save_model(model: tf.keras.Model, model_dir: str, cluster: Cluster, class_names, image_size: int) -> None:
-    """Every task calls this; the chief's copy is the SavedModel with the serving signatures."""
-    with save_path(model_dir, cluster) as path:
-        serving.save(model, path, class_names, image_size)
+def save_model(model: tf.keras.Model, config: TrainConfig, cluster: Cluster, class_names) -> None:
+    """Every task calls this, outside strategy.scope(); the chief's copy is the SavedModel with the
+    serving signatures, in float32."""
+    copy = model_lib.float32_copy(model, len(class_names), config.image_size, config.architecture, config.seed)
+    with save_path(config.model_dir, cluster) as path:
+        serving.save(copy, path, class_names, config.image_size)
         if cluster.is_chief:
             log.info("saved model to %s", path)
         else:

@@ -7,7 +7,8 @@
 - `serving_pixels` takes `image`, uint8 [N, size, size, 3], already decoded and resized.
 
 Both return `probabilities` (float32 [N, classes]), `class_index` (int64 [N]) and `class_name`
-(string [N], from the dataset's class names).
+(string [N], from the dataset's class names). Callers pass a float32 model
+(`trainer.model.float32_copy`), whatever the job trained in.
 """
 
 from __future__ import annotations

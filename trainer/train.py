@@ -184,5 +184,5 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
               f"{error_summary(error)}); a restart resumes at {backup.describe_resume()} (exit {exits.RETRYABLE})",
               file=sys.stderr)
         return exits.RETRYABLE
-    saving.save_model(model, config.model_dir, cluster, train_split.class_names, config.image_size)
+    saving.save_model(model, config, cluster, train_split.class_names)
     return exits.OK

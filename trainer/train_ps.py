@@ -54,7 +54,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     strategy = strategy_lib.create("parameter_server", cluster)  # before any other TensorFlow op
     # The coordinator traces the train step that every worker runs, so its policy is the job's;
     # it decides from its own devices (Vertex gives the chief the workers' machine type). The
-    # export below builds its model under the same policy.
+    # export below computes in float32 whatever this picks (trainer.export).
     precision.apply(config.mixed_precision)
     tf.keras.utils.set_random_seed(config.seed)
     global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync

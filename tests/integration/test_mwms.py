@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers import (REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module,
-                     saved_model_op_dtypes, served_predictions)
+                     saved_model_op_dtypes, served_predictions, train_graph_op_dtypes)
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
 
@@ -68,12 +68,14 @@ print("shape", predictions.shape, "sums", np.round(predictions.sum(axis=1), 3).t
     assert "shape (3, 5) sums [1.0, 1.0, 1.0]" in result.stdout
 
 
-def test_every_worker_trains_in_the_policy_asked_for_and_the_export_keeps_it(two_worker_run):
+def test_every_worker_trains_in_the_policy_asked_for_and_the_export_is_float32(two_worker_run):
     result, _, out, _ = two_worker_run
     for task in ("chief-0", "worker-0"):
         assert re.search(rf"^\[{task}\] .*trainer: precision: mixed_bfloat16 ", result.stdout, re.M), task
-    dtypes = saved_model_op_dtypes(out / "model")
-    assert dtypes["Conv2D"] == ["bfloat16"] and dtypes["Softmax"] == ["float32"]
+    trained = train_graph_op_dtypes(out / "logs" / "train")
+    assert trained["Conv2D"] == trained["Conv2DBackpropFilter"] == ["bfloat16"] and trained["Softmax"] == ["float32"]
+    exported = saved_model_op_dtypes(out / "model")
+    assert exported["Conv2D"] == exported["Softmax"] == ["float32"]
 
 
 def test_the_served_model_takes_jpeg_bytes_and_answers_with_class_names(two_worker_run):

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions
+from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions, trained_model_policies
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
 
@@ -78,14 +78,17 @@ def test_the_unsharded_export_serves_jpeg_bytes_with_class_names(ps_job):
     assert len(served["class_name"]) == 3 and served["class_name"] == [cassava[i] for i in served["class_index"]]
 
 
-def test_coordinator_evaluator_and_export_use_the_policy_asked_for(ps_job):
-    """The coordinator traces the step every worker runs; the export rebuilds the model from a
-    checkpoint under the same policy, and the evaluator loads those checkpoints under its own."""
+def test_coordinator_and_evaluator_use_the_policy_asked_for_and_the_export_is_float32(ps_job):
+    """The coordinator builds the model whose step every worker runs, and the evaluator loads the
+    checkpoints under its own policy; the export rebuilds the model from a checkpoint in float32."""
     result, tmp_path = ps_job
     for task in ("chief-0", "evaluator-0"):
         assert re.search(rf"^\[{task}\] .*trainer: precision: mixed_bfloat16 ", result.stdout, re.M), task
-    dtypes = saved_model_op_dtypes(tmp_path / "out" / "model")
-    assert dtypes["Conv2D"] == ["bfloat16"] and dtypes["Softmax"] == ["float32"]
+    trained = trained_model_policies(tmp_path / "out" / "logs" / "train")
+    assert trained["Conv2D"] == ["mixed_bfloat16"]
+    assert trained["Dense"] == ["float32", "mixed_bfloat16"]  # the head; the softmax layer stays float32
+    exported = saved_model_op_dtypes(tmp_path / "out" / "model")
+    assert exported["Conv2D"] == exported["Softmax"] == ["float32"]
 
 
 def test_checkpoints_exist_for_every_epoch(ps_job):

@@ -1,12 +1,13 @@
-"""--mixed-precision and --jit-compile change what runs: read from the exported graph and from
-XLA's own dump, in real single-process trainer.task runs (the multi-worker and parameter-server
-exports are checked in test_mwms.py and test_parameter_server.py)."""
+"""--mixed-precision and --jit-compile change what trains, and never what is exported: read from
+the train step's graph in the TensorBoard logs, XLA's own dump and the exported graph, in real
+single-process trainer.task runs (multi-worker and parameter-server jobs are checked in
+test_mwms.py and test_parameter_server.py)."""
 
 from __future__ import annotations
 
 import os
 
-from helpers import clean_env, run_module, saved_model_op_dtypes
+from helpers import clean_env, run_module, saved_model_op_dtypes, train_graph_op_dtypes
 
 SMALL_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32",
              "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4"]
@@ -16,7 +17,12 @@ def train(tmp_path, data_root, *args, env=None):
     result = run_module("trainer.task", *SMALL_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
                         *args, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout, saved_model_op_dtypes(tmp_path / "model")
+    # Every export computes in float32, whatever the policy trained in.
+    assert saved_model_op_dtypes(tmp_path / "model") == FLOAT32_EXPORT
+    return result.stdout, train_graph_op_dtypes(tmp_path / "logs" / "train")
+
+
+FLOAT32_EXPORT = {"Conv2D": ["float32"], "MatMul": ["float32"], "Softmax": ["float32"]}
 
 
 def test_off_trains_in_float32_without_xla(tmp_path, data_root):
@@ -24,7 +30,7 @@ def test_off_trains_in_float32_without_xla(tmp_path, data_root):
     log, dtypes = train(tmp_path, data_root, "--mixed-precision", "off",
                         env=clean_env(XLA_FLAGS=f"--xla_dump_to={dump}"))
     assert "trainer: precision: float32 (--mixed-precision off)" in log
-    assert dtypes["Conv2D"] == ["float32"] and dtypes["Softmax"] == ["float32"]
+    assert dtypes["Conv2D"] == dtypes["Conv2DBackpropFilter"] == dtypes["Softmax"] == ["float32"]
     assert not dump.exists() or os.listdir(dump) == []  # nothing was compiled by XLA
 
 
@@ -33,7 +39,7 @@ def test_bfloat16_with_jit_compile_computes_convolutions_in_bfloat16_under_xla(t
     log, dtypes = train(tmp_path, data_root, "--mixed-precision", "bfloat16", "--jit-compile",
                         env=clean_env(XLA_FLAGS=f"--xla_dump_to={dump}"))
     assert "trainer: precision: mixed_bfloat16 (--mixed-precision bfloat16)" in log
-    assert dtypes["Conv2D"] == ["bfloat16"]
+    assert dtypes["Conv2D"] == dtypes["Conv2DBackpropFilter"] == ["bfloat16"]
     assert dtypes["Softmax"] == ["float32"]  # the head's softmax stays float32 for a stable loss
     # XLA dumped the modules it compiled; the train step (Keras' run_step) is one of them.
     assert any("run_step" in name for name in os.listdir(dump)), sorted(os.listdir(dump))[:10]
@@ -46,7 +52,7 @@ def test_float16_without_a_fast_path_warns_once_then_trains(tmp_path, data_root)
     else:
         assert log.count("no fast path") == 1
         assert "Mixed precision compatibility check" not in log  # Keras' own three-line version
-    assert dtypes["Conv2D"] == ["float16"] and dtypes["Softmax"] == ["float32"]
+    assert dtypes["Conv2D"] == dtypes["Conv2DBackpropFilter"] == ["float16"] and dtypes["Softmax"] == ["float32"]
 
 
 def test_auto_gives_every_task_of_a_job_the_same_policy_from_one_agreed_measurement(tmp_path, data_root):
