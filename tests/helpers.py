@@ -63,9 +63,15 @@ print(json.dumps({op: sorted(types) for op, types in dtypes.items()}))
 def saved_model_op_dtypes(model_dir) -> dict[str, list[str]]:
     """The dtypes the exported model's serving graph computes Conv2D, MatMul and Softmax in,
     read from the SavedModel's own graph (what serving will run), in a fresh process."""
+    return _json_from_script(_OP_DTYPES_SCRIPT, model_dir)
+
+
+def _json_from_script(script: str, path) -> object:
+    """The JSON last line `script` prints for `path`, run in a fresh process (TensorFlow stays out
+    of the test process)."""
     import json
 
-    result = subprocess.run([sys.executable, "-c", _OP_DTYPES_SCRIPT, str(model_dir)], cwd=REPO, env=clean_env(),
+    result = subprocess.run([sys.executable, "-c", script, str(path)], cwd=REPO, env=clean_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -100,12 +106,7 @@ print(json.dumps([{k: sorted(v) for k, v in found.items()} for found in (ops, po
 
 
 def _training_log(log_dir) -> tuple[dict, dict]:
-    import json
-
-    result = subprocess.run([sys.executable, "-c", _TRAINING_LOG_SCRIPT, str(log_dir)], cwd=REPO,
-                            env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ops, policies = json.loads(result.stdout.strip().splitlines()[-1])
+    ops, policies = _json_from_script(_TRAINING_LOG_SCRIPT, log_dir)
     return ops, policies
 
 
