@@ -173,6 +173,10 @@ class Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
         # A connection that starts with a TLS handshake (a container that maps the hostnames
         # here) is served directly; anything else is a proxy client.
         connection, address = super().get_request()
+        # Without this, Nagle's algorithm held the last segment of a response until the client's
+        # delayed ACK (up to 40 ms): a 7 MB read took 70 ms instead of 30 on every other request,
+        # a wait real Cloud Storage does not add.
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         first = connection.recv(1, socket.MSG_PEEK)
         if first == b"\x16":
             connection = self.tls.wrap_socket(connection, server_side=True)
