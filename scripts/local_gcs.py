@@ -129,6 +129,10 @@ class Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # TensorFlow's client opens a new connection for every request, eight or more at once when a
+    # pipeline reads files in parallel. socketserver's default backlog of 5 dropped the rest,
+    # and each dropped connection waited a full second for its retry.
+    request_queue_size = 128
 
     def __init__(self, address, backend_port: int, tls: ssl.SSLContext, clients=()):
         super().__init__(address, _FrontHandler)
