@@ -12,9 +12,8 @@ Order of work, and why:
    on. JPEGs much larger than the target are decoded at a reduced DCT scale, which is nearly free
    and visually exact. Casting and normalising happen on the device, in the model's first layer,
    so the host ships a quarter of float32's bytes.
-3. Shuffle local records encoded, before decoding: the buffer holds JPEGs, not decoded images, and
-   each image goes to its batch straight from its decode, while it is still in the CPU's cache.
-   Records from a bucket are shuffled after decoding, so that decoding starts with the first file.
+3. Shuffle records encoded, before decoding: the buffer holds JPEGs, not decoded images, and each
+   image goes to its batch straight from its decode, while it is still in the CPU's cache.
 4. Cache the decoded images in memory when they fit, so later epochs skip decoding. The first pass
    fills the cache in the order shuffled above; every later pass reshuffles the cached images, so
    every epoch still sees a new order. Augmentation (random crops and flips) is not done here: it
@@ -149,12 +148,6 @@ def parallel_reads(files: tuple[str, ...]) -> int:
     if any(_remote(path) for path in files):
         return min(len(files), 8)
     return tf.data.AUTOTUNE
-
-
-def reads_remote(split: Split) -> bool:
-    """Whether the split comes over the network: gs:// (or another URL scheme), or /gcs/ through
-    Cloud Storage FUSE, for its files or its TFDS data directory."""
-    return any(_remote(path) for path in split.files) or bool(split.tfds_name and _remote(split.tfds_data_dir or ""))
 
 
 def _remote(path: str) -> bool:
@@ -324,29 +317,26 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """This worker's batches of ({"image": uint8 NHWC}, label); training data repeats forever."""
     context = context or tf.distribute.InputContext()
-    # Local records are shuffled encoded, before decoding: the buffer holds JPEGs, a tenth of the
-    # decoded images' bytes, and every image is batched straight after its decode, while it is
-    # still in the CPU's cache (a decoded image that waited in the buffer is copied from memory:
-    # 0.03 ms of about 1.1 ms per image). Records from a bucket are shuffled after decoding
-    # instead: a shuffle buffer must be full before it gives its first element, and filling one
-    # of records from a bucket is a wait with nothing to decode (epoch 1 at 0.66x of local disk
-    # against 0.86x; benchmarks/input_pipeline.py's files, alternating rounds).
-    shuffle_records = options.training and not reads_remote(split)
+    # Records are shuffled encoded, before decoding: the buffer holds JPEGs, a tenth of the decoded
+    # images' bytes, and every image is batched straight after its decode, while it is still in
+    # the CPU's cache (a decoded image that waited in the buffer is copied from memory: 0.03 ms of
+    # about 1.1 ms per image). From a bucket too: there the buffer waits for the first blocks of
+    # the files in the cycle before the first decode, and still the order was faster than
+    # shuffling decoded images in every comparison (epoch 1 against local disk, 0.88-0.94x
+    # against 0.81-0.88x; benchmarks/input_pipeline.py's files, alternating rounds, Zen 3).
     dataset = records(split, context, options.training,
-                      shuffle_buffer=options.shuffle_buffer if shuffle_records else 0, seed=options.seed)
+                      shuffle_buffer=options.shuffle_buffer if options.training else 0, seed=options.seed)
     dataset = skip_undecodable(dataset, options.image_size, options.max_bad_examples,
                                deterministic=not options.training, num_classes=split.num_classes)
     if options.cache:
         dataset = dataset.cache()
-    if options.training and shuffle_records and options.cache:
+    if options.training and options.cache:
         # The first pass fills the cache in the order shuffled above; every later pass
         # reshuffles the decoded images, read from the cache.
         dataset = dataset.concatenate(
             dataset.shuffle(options.shuffle_buffer, seed=options.seed, reshuffle_each_iteration=True).repeat())
-    elif options.training and shuffle_records:
-        dataset = dataset.repeat()
     elif options.training:
-        dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed, reshuffle_each_iteration=True).repeat()
+        dataset = dataset.repeat()  # the records are reshuffled on every pass
     batch_size = context.get_per_replica_batch_size(
         options.per_replica_batch_size * context.num_replicas_in_sync
     )

@@ -271,14 +271,3 @@ def test_files_in_a_bucket_are_read_eight_at_once_and_local_files_as_autotune_sa
     assert data.parallel_reads(("gs://b/train-0.tfrecord",) * 16) == 8
     assert data.parallel_reads(("/gcs/b/train-0.tfrecord", "/gcs/b/train-1.tfrecord")) == 2
     assert data.parallel_reads(("/data/train-0.tfrecord",) * 16) == tf.data.AUTOTUNE
-
-
-def test_splits_from_a_bucket_are_told_from_local_ones():
-    """Which splits are shuffled after decoding (data.make_dataset): those read over the network."""
-    local = data.Split("train", 1, ("a",), files=("/data/train-0.tfrecord",))
-    assert not data.reads_remote(local)
-    assert data.reads_remote(data.Split("train", 1, ("a",), files=("gs://b/train-0.tfrecord",)))
-    assert data.reads_remote(data.Split("train", 1, ("a",), files=("/gcs/b/train-0.tfrecord",)))
-    assert data.reads_remote(data.Split("train", 1, ("a",), tfds_name="cassava", tfds_data_dir="gs://b/tfds"))
-    assert not data.reads_remote(data.Split("train", 1, ("a",), tfds_name="cassava", tfds_data_dir="/root/tfds"))
-    assert not data.reads_remote(data.Split("train", 1, ("a",), tfds_name="cassava"))
