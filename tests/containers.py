@@ -25,9 +25,11 @@ def image_env(**extra) -> dict:
 
 
 def engine_settings() -> dict[str, str]:
-    """ENGINE and the podman config files, exactly as scripts/engine.sh sets them."""
-    output = sh("bash", "-c", "source scripts/engine.sh && env | grep -E '^(ENGINE|CONTAINERS_CONF|CONTAINERS_STORAGE_CONF|IMAGES_WORK)='").stdout
-    return dict(line.split("=", 1) for line in output.splitlines())
+    """ENGINE, IMAGES_WORK and the engine's variables, from scripts/engine.py as every script gets them."""
+    from scripts import engine
+
+    chosen = engine.settings()
+    return {"ENGINE": chosen.engine, "IMAGES_WORK": chosen.images_work, **chosen.environ}
 
 
 def build_env(base_image: str) -> dict:

@@ -1,0 +1,142 @@
+"""The container engine every script and test of the project uses, and its settings on this machine.
+
+    python3 scripts/engine.py           prints `export NAME=VALUE` lines for a shell (scripts/engine.sh)
+
+One answer for everything that runs containers (scripts/images.sh, scripts/standin_base.sh,
+`submit_job.py local` and the container tests), so that all of them see the same images:
+- docker, when its daemon answers;
+- otherwise podman, with buildah to build, daemonless.
+
+podman keeps images in its default store, the one `podman images`, `podman build` and
+`buildah bud` use, so an image a user builds by hand is one the rehearsal can run, and the other way
+round. Only its runtime settings are adjusted, where this machine needs it, through a
+containers.conf named by CONTAINERS_CONF:
+- default_ulimits: podman asks for more open files and processes than some VMs allow, and every
+  `podman run` then fails; the hard limits this user has are always allowed;
+- cgroup_manager "cgroupfs" and events_logger "file" where systemd is not running (containers,
+  CI runners): podman's defaults talk to systemd and journald;
+- runtime "runc" where the cgroup hierarchy is not cgroup v2 alone: crun refuses hybrid layouts.
+Everything else stays podman's default. The file lives under IMAGES_WORK (default
+/var/tmp/cassava-images-UID), with the scripts' other scratch files.
+
+Standard library only: scripts/engine.sh runs this with whatever python3 the machine has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Mapping
+
+ENGINES = ("docker", "podman")
+
+
+class EngineError(RuntimeError):
+    """No usable container engine; str() is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    engine: str  # docker | podman: runs containers
+    builder: str  # docker | buildah: builds images
+    images_work: str  # the scripts' scratch directory
+    environ: dict[str, str]  # variables every engine command needs (empty for docker)
+
+    def shell(self) -> str:
+        exports = {"ENGINE": self.engine, "BUILDER": self.builder, "IMAGES_WORK": self.images_work, **self.environ}
+        return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in exports.items())
+
+
+def images_work(environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get("IMAGES_WORK") or os.path.join("/var/tmp", f"cassava-images-{os.getuid()}")
+
+
+def docker_answers() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def containers_conf(*, hard_files: int, hard_processes: int, systemd: bool, unified_cgroups: bool,
+                    runc: bool) -> str:
+    """The containers.conf this machine needs: only what podman's defaults get wrong here."""
+    processes = min(hard_processes, 32768)
+    lines = ["[containers]", f'default_ulimits = ["nofile={hard_files}:{hard_files}", "nproc={processes}:{processes}"]',
+             "[engine]"]
+    if not systemd:
+        lines += ['cgroup_manager = "cgroupfs"', 'events_logger = "file"']
+    if not unified_cgroups and runc:
+        lines.append('runtime = "runc"')
+    return "\n".join(lines) + "\n"
+
+
+def _hard_limit(which: int, fallback: int) -> int:
+    hard = resource.getrlimit(which)[1]
+    return fallback if hard == resource.RLIM_INFINITY else hard
+
+
+def machine_containers_conf() -> str:
+    return containers_conf(
+        hard_files=_hard_limit(resource.RLIMIT_NOFILE, 1048576),
+        hard_processes=_hard_limit(resource.RLIMIT_NPROC, 32768),
+        systemd=os.path.isdir("/run/systemd/system"),
+        unified_cgroups=os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
+        runc=shutil.which("runc") is not None,
+    )
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    try:
+        with open(path) as existing:
+            if existing.read() == text:
+                return
+    except OSError:
+        pass
+    # Atomic: another script may be starting podman with this file at this moment.
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".containers.conf.")
+    with os.fdopen(handle, "w") as file:
+        file.write(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
+def settings(requested: str | None = None, environ: Mapping[str, str] = os.environ) -> Settings:
+    """The engine to use (`requested`, or docker if its daemon answers, else podman) and its settings.
+    Writes podman's containers.conf; raises EngineError when the engine cannot be used."""
+    if requested not in (None, *ENGINES):
+        raise EngineError(f"unknown container engine {requested!r} (docker or podman)")
+    work = images_work(environ)
+    if requested == "docker" or (requested is None and docker_answers()):
+        if requested == "docker" and not docker_answers():
+            raise EngineError("docker: no daemon answers `docker info` (start it, or use podman)")
+        return Settings("docker", "docker", work, {})
+    missing = [tool for tool in ("podman", "buildah") if not shutil.which(tool)]
+    if "podman" in missing or (requested is None and missing):
+        raise EngineError(f"no docker daemon answers and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                          "not installed: start docker, or install podman and buildah (scripts/install_image_tools.sh, as root)")
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    conf = os.path.join(work, "containers.conf")
+    _write_if_changed(conf, machine_containers_conf())
+    return Settings("podman", "buildah", work, {"CONTAINERS_CONF": conf})
+
+
+def main() -> int:
+    try:
+        sys.stdout.write(settings(environ=os.environ).shell())
+    except EngineError as error:
+        print(f"engine: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
