@@ -9,8 +9,10 @@ Why it is more than fake-gcs-server alone:
 - TensorFlow's client has no setting for its endpoint: it calls https://www.googleapis.com and
   https://storage.googleapis.com, verifying TLS against `CURL_CA_BUNDLE`. So processes get
   `https_proxy` pointing at `Front`, a CONNECT proxy that answers for those two hosts with a
-  certificate from a CA made here, and tunnels every other host unchanged. (A container can
-  map the hostnames to `Front` with --add-host instead: it takes TLS directly as well.)
+  certificate from a CA made here. (A container can map the hostnames to `Front` with
+  --add-host instead: it takes TLS directly as well.) What else it tunnels is its caller's
+  choice: nothing for a job's containers (scripts/local_job.py), anything for the processes of
+  this machine that the command line serves (they reach the network anyway).
 - TensorFlow sends `Transfer-Encoding: identity` with uploads; Go's HTTP server (fake-gcs-server)
   answers 501. Real Cloud Storage ignores the header, and so does `Front`: it forwards each
   request with a plain Content-Length.
@@ -36,6 +38,7 @@ import http.client
 import http.server
 import ipaddress
 import json
+import os
 import re
 import select
 import signal
@@ -43,6 +46,7 @@ import socket
 import socketserver
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,6 +65,11 @@ _STORAGE_LAYOUT = re.compile(r"^/storage/v1/b/([^/?]+)/storageLayout(\?.*)?$")
 # The bucket a request names: JSON API (www.googleapis.com) or XML-style reads (storage.googleapis.com).
 _API_BUCKET = re.compile(r"^(?:/upload)?/storage/v1/b/([^/?]+)/")
 _READ_BUCKET = re.compile(r"^/([^/?]+)/")
+# What a read from the real Cloud Storage carries over: never the job's (dummy) credentials.
+_UPSTREAM_REQUEST_HEADERS = {"range", "accept", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since"}
+# Reads of objects (not of the bucket itself), by API: what may come from the real Cloud Storage.
+_API_OBJECTS = re.compile(r"^/storage/v1/b/[^/?]+/o(?:[/?]|$)")
+_READ_OBJECT = re.compile(r"^/[^/?]+/[^?]")
 
 
 def fake_gcs_server_binary() -> str:
@@ -100,9 +109,17 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    # The key is readable by its owner only, from its first byte.
+    paths[2].unlink(missing_ok=True)
+    with os.fdopen(os.open(paths[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as key_file:
+        key_file.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
     return paths
+
+
+def ca_variables(bundle: str) -> dict[str, str]:
+    """What makes a process trust `bundle`: TensorFlow's GCS client (curl), Python's ssl, requests."""
+    return {"CURL_CA_BUNDLE": bundle, "SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle}
 
 
 @dataclasses.dataclass
@@ -124,28 +141,86 @@ class Fault:
         return self.times > 0 and (not self.method or method == self.method) and re.search(self.path, path) is not None
 
 
-class Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """The HTTPS face of the server: a CONNECT proxy and a TLS endpoint on one port."""
+class Front:
+    """The HTTPS face of the server: a CONNECT proxy and a TLS endpoint on one port of each address
+    it listens on (loopback, and the gateway of each container network a job runs on).
 
-    daemon_threads = True
-    allow_reuse_address = True
-    # TensorFlow's client opens a new connection for every request, eight or more at once when a
-    # pipeline reads files in parallel. socketserver's default backlog of 5 dropped the rest,
-    # and each dropped connection waited a full second for its retry.
-    request_queue_size = 128
+    What it lets in, and in what order:
+    - a connection is accepted, and its peer's address checked against loopback and the admitted
+      networks before one byte of it is read; any other peer is closed unread;
+    - each admitted connection gets its own thread, which alone waits for its first byte (TLS or a
+      proxy request), does the handshake and reads its requests: a client that connects and sends
+      nothing holds up nobody else, and is closed after IDLE_SECONDS;
+    - CONNECT to a Google Cloud Storage host is answered here, with a certificate of the local CA;
+      CONNECT to a host named in `allowed_hosts` is tunnelled; any other CONNECT (the host's own
+      loopback services, its network, the metadata server, the internet) gets 403 and one line
+      through `log`;
+    - only requests that arrive over TLS for a Cloud Storage host are served; a plain proxy
+      request (GET http://...) gets 403.
+    Objects of buckets the server does not hold are read, when `upstream` is set (a base URL, where
+    `{host}` stands for the host asked), from the real Cloud Storage (anonymously: public objects such as Keras' ImageNet weights, which Vertex
+    downloads too); everything else about such a bucket is answered as Cloud Storage answers a
+    missing bucket.
+    """
 
-    def __init__(self, address, backend_port: int, tls: ssl.SSLContext, clients=()):
-        super().__init__(address, _FrontHandler)
+    def __init__(self, backend_port: int, tls: ssl.SSLContext, *, allowed_hosts=(), upstream: str | None = None,
+                 log: Callable[[str], None] | None = None):
         self.backend_port = backend_port
         self.tls = tls
-        # Who may connect besides this machine's loopback: a container network's subnet, when
-        # the front listens beyond loopback so that containers can reach it.
-        self.clients = tuple(ipaddress.ip_network(network) for network in clients)
+        self.clients: tuple = ()  # networks admitted besides loopback
+        self.allowed_hosts = frozenset(host.lower() for host in allowed_hosts)
+        self.upstream = upstream.rstrip("/") if upstream else None
+        self.log = log or (lambda line: None)
         self.latency_seconds = 0.0
         self.faults: list[Fault] = []
         self.requests = 0
         self.buckets: set[str] = set()
         self.lock = threading.Lock()
+        self.listeners: list[_Listener] = []
+        self._said: set[str] = set()
+
+    def listen(self, host: str, port: int = 0) -> int:
+        """Starts answering on host:port (port 0: any free one); returns the port."""
+        listener = _Listener((host, port), self)
+        with self.lock:
+            self.listeners.append(listener)
+        threading.Thread(target=listener.serve_forever, name=f"local-gcs-front-{host}", daemon=True).start()
+        return listener.server_address[1]
+
+    def admit(self, network: str) -> None:
+        """Lets clients from `network` (a container network's subnet) connect."""
+        with self.lock:
+            self.clients += (ipaddress.ip_network(network, strict=False),)
+
+    def admits(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        if getattr(ip, "ipv4_mapped", None):
+            ip = ip.ipv4_mapped
+        return ip.is_loopback or any(ip in network for network in self.clients)
+
+    def say_once(self, key: str, line: str) -> None:
+        with self.lock:
+            if key in self._said:
+                return
+            self._said.add(key)
+        self.log(line)
+
+    def may_tunnel(self, host: str, port: int) -> bool:
+        """Only hosts named in allowed_hosts (`HOST` for port 443, `HOST:PORT`, or `*` for any). A name that
+        resolves to a loopback, link-local or unspecified address is refused unless that address
+        itself, or `localhost`, was the name allowed: a public name never legitimately points there."""
+        host = host.lower()
+        if "*" in self.allowed_hosts:
+            return True
+        if not ((port == 443 and host in self.allowed_hosts) or f"{host}:{port}" in self.allowed_hosts):
+            return False
+        if _is_ip(host) or host == "localhost":
+            return True
+        try:
+            addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except OSError:
+            return True  # the connection attempt will report it
+        return not any(_is_local(address) for address in addresses)
 
     def fault_for(self, method: str, path: str) -> Fault | None:
         with self.lock:
@@ -169,43 +244,120 @@ class Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.buckets.add(name)
         return True
 
-    def verify_request(self, request, client_address) -> bool:
-        address = ipaddress.ip_address(client_address[0])
-        return address.is_loopback or any(address in network for network in self.clients)
+    def close(self) -> None:
+        with self.lock:
+            listeners, self.listeners = self.listeners, []
+        for listener in listeners:
+            listener.shutdown()
+            listener.server_close()
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+def _is_local(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    return ip.is_loopback or ip.is_link_local or ip.is_unspecified
+
+
+class _Listener(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """One listening address of the Front. (socketserver's HTTPServer is not used: its bind looks
+    up the address's host name, which can stall on a container network's gateway.)"""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    # TensorFlow's client opens a new connection for every request, eight or more at once when a
+    # pipeline reads files in parallel. socketserver's default backlog of 5 dropped the rest,
+    # and each dropped connection waited a full second for its retry.
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], front: Front):
+        self.front = front
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, _FrontHandler)
+
+    def server_bind(self):
+        # A job network's gateway address may not exist yet: podman brings the bridge up with the
+        # network's first container. IP_FREEBIND (Linux) binds to it now and serves once it exists.
+        if self.server_address[0] not in ("127.0.0.1", "::1") and sys.platform == "linux":
+            self.socket.setsockopt(socket.SOL_IP, _IP_FREEBIND, 1)
+        super().server_bind()
 
     def get_request(self):
-        # A connection that starts with a TLS handshake (a container that maps the hostnames
-        # here) is served directly; anything else is a proxy client.
         connection, address = super().get_request()
         # Without this, Nagle's algorithm held the last segment of a response until the client's
         # delayed ACK (up to 40 ms): a 7 MB read took 70 ms instead of 30 on every other request,
         # a wait real Cloud Storage does not add.
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        first = connection.recv(1, socket.MSG_PEEK)
-        if first == b"\x16":
-            connection = self.tls.wrap_socket(connection, server_side=True)
         return connection, address
+
+    def verify_request(self, request, client_address) -> bool:
+        # Before anything of the client is read; a refused one is closed unread.
+        if self.front.admits(client_address[0]):
+            return True
+        self.front.say_once(f"client:{client_address[0]}",
+                            f"refused a connection to the Cloud Storage proxy from {client_address[0]}: "
+                            "not this machine, nor a job network")
+        return False
+
+    def handle_error(self, request, client_address):
+        # A client that hangs up, times out or fails its handshake concerns only its own
+        # connection; socketserver's default would print a traceback to stderr.
+        pass
+
+
+_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # Python names it from 3.12; Linux's value is 15
+IDLE_SECONDS = 120  # an admitted connection that sends nothing for this long is closed
 
 
 class _FrontHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: Front
+    timeout = IDLE_SECONDS
+    secure = False  # the connection is TLS terminated here: its requests are Cloud Storage's
+    server: _Listener
+
+    @property
+    def front(self) -> Front:
+        return self.server.front
+
+    def setup(self):
+        # On this connection's own thread: the first byte says TLS (a container that maps
+        # Google's host names here) or a proxy request.
+        self.request.settimeout(IDLE_SECONDS)
+        if not self.secure and self.request.recv(1, socket.MSG_PEEK) == b"\x16":
+            self.request = self.front.tls.wrap_socket(self.request, server_side=True)
+            self.secure = True
+        super().setup()
 
     def log_message(self, format, *args):  # a request log per read would drown the test output
         pass
 
     def do_CONNECT(self):
-        host, _, port = self.path.partition(":")
-        if host not in GOOGLE_HOSTS:
-            return self._tunnel(host, int(port or 443))
-        self.send_response(200, "Connection established")
-        self.end_headers()
-        try:
-            tls = self.server.tls.wrap_socket(self.connection, server_side=True)
-        except (ssl.SSLError, OSError):
+        host, port = _host_port(self.path)
+        if self.secure or host is None:
+            return self.send_error(400, "CONNECT takes HOST:PORT, once, on a plain connection")
+        if host in GOOGLE_HOSTS and port == 443:
+            self.send_response(200, "Connection established")
+            self.end_headers()
+            try:
+                tls = self.front.tls.wrap_socket(self.connection, server_side=True)
+            except (ssl.SSLError, OSError):
+                self.close_connection = True
+                return
+            _SecureHandler(tls, self.client_address, self.server)
             self.close_connection = True
             return
-        _FrontHandler(tls, self.client_address, self.server)
+        if self.front.may_tunnel(host, port):
+            return self._tunnel(host, port)
+        self.front.say_once(f"connect:{host}:{port}",
+                            f"refused CONNECT {host}:{port} from {self.client_address[0]}: the job's proxy reaches only "
+                            "Cloud Storage (allow other hosts by name with --allow-host)")
+        self.send_error(403, f"{host}:{port} is not Cloud Storage, and not allowed")
         self.close_connection = True
 
     def _tunnel(self, host: str, port: int):
@@ -246,9 +398,14 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def _forward(self):
+        host = self.headers.get("Host", "").rsplit(":", 1)[0].lower() if not self.headers.get("Host", "").startswith("[") else ""
+        if not self.secure or host not in GOOGLE_HOSTS:
+            self.close_connection = True
+            return self._reply(403, {"Content-Type": "text/plain"},
+                               b"this proxy serves only https requests to Cloud Storage (use CONNECT)\n")
         body = self._body()
         method, path = self.command, self.path
-        fault = self.server.fault_for(method, path)
+        fault = self.front.fault_for(method, path)
         if fault and fault.action:
             if fault.action(method, path) and fault.drop:
                 self.close_connection = True
@@ -256,10 +413,13 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
         if fault and fault.status:
             return self._reply(fault.status, {"Content-Type": "application/json"}, json.dumps(
                 {"error": {"code": fault.status, "message": f"injected by local_gcs ({http.client.responses.get(fault.status, '')})"}}).encode())
-        if self.server.latency_seconds:
-            time.sleep(self.server.latency_seconds)  # Cloud Storage's time to first byte
-        bucket = (_API_BUCKET if self.headers.get("Host", "").startswith("www.") else _READ_BUCKET).match(path)
-        if bucket and not self.server.bucket_exists(bucket.group(1)):
+        if self.front.latency_seconds:
+            time.sleep(self.front.latency_seconds)  # Cloud Storage's time to first byte
+        bucket = (_API_BUCKET if host == GOOGLE_HOSTS[0] else _READ_BUCKET).match(path)
+        if bucket and not self.front.bucket_exists(bucket.group(1)):
+            object_read = (_API_OBJECTS if host == GOOGLE_HOSTS[0] else _READ_OBJECT).match(path)
+            if self.front.upstream and method in ("GET", "HEAD") and object_read:
+                return self._from_upstream(host, bucket.group(1))
             return self._reply(404, {"Content-Type": "application/json"}, json.dumps(
                 {"error": {"code": 404, "message": "The specified bucket does not exist."}}).encode())
         layout = _STORAGE_LAYOUT.match(path)
@@ -269,7 +429,7 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
                  "locationType": "region", "hierarchicalNamespace": {"enabled": False}}).encode())
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _NOT_FORWARDED}
         headers["Content-Length"] = str(len(body))
-        backend = http.client.HTTPConnection("127.0.0.1", self.server.backend_port, timeout=120)
+        backend = http.client.HTTPConnection("127.0.0.1", self.front.backend_port, timeout=120)
         try:
             backend.request(method, path, body=body, headers=headers)
             response = backend.getresponse()
@@ -278,19 +438,40 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
                 # fake-gcs-server builds the resumable-upload URL from the scheme it was reached
                 # by (plain http here); the client must come back through Front, over https.
                 headers["Location"] = re.sub(r"^http://", "https://", headers["Location"])
-            length = response.getheader("Content-Length")
-            if length is None or method == "HEAD":
-                return self._reply(response.status, headers, response.read(), head=method == "HEAD")
-            # Streamed, as Cloud Storage sends a large object: the first bytes arrive before the last.
-            self.send_response(response.status)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", length)
-            self.end_headers()
-            while chunk := response.read(1 << 20):
-                self.wfile.write(chunk)
+            self._relay(response.status, headers, response, response.getheader("Content-Length"))
         finally:
             backend.close()
+
+    def _from_upstream(self, host: str, bucket: str):
+        """A read of a bucket this server does not hold, from the real Cloud Storage, without the
+        job's (dummy) credentials: public objects answer, others say what Cloud Storage says."""
+        base = self.front.upstream.format(host=host)
+        wanted = {k: v for k, v in self.headers.items() if k.lower() in _UPSTREAM_REQUEST_HEADERS}
+        try:
+            response = urllib.request.urlopen(urllib.request.Request(base + self.path, headers=wanted, method=self.command),
+                                              timeout=60)
+        except urllib.error.HTTPError as error:
+            response = error
+        except (OSError, ValueError) as error:
+            self.front.say_once(f"upstream:{bucket}", f"gs://{bucket} is not a local bucket and {base} could not be "
+                                f"reached for it ({error}): answering 404")
+            return self._reply(404, {"Content-Type": "application/json"}, json.dumps(
+                {"error": {"code": 404, "message": f"gs://{bucket}: not local, and {base} is unreachable"}}).encode())
+        with response:
+            headers = {k: v for k, v in response.headers.items() if k.lower() not in _NOT_FORWARDED}
+            self._relay(response.status, headers, response, response.headers.get("Content-Length"))
+
+    def _relay(self, status: int, headers: dict, response, length: str | None):
+        if length is None or self.command == "HEAD":
+            return self._reply(status, headers, response.read(), head=self.command == "HEAD")
+        # Streamed, as Cloud Storage sends a large object: the first bytes arrive before the last.
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", length)
+        self.end_headers()
+        while chunk := response.read(1 << 20):
+            self.wfile.write(chunk)
 
     def _reply(self, status: int, headers: dict, payload: bytes, head: bool = False):
         self.send_response(status)
@@ -304,19 +485,61 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _forward
 
 
-class LocalGCS:
-    """fake-gcs-server behind Front. `environ()` is what a process needs to use it."""
+class _SecureHandler(_FrontHandler):
+    """A connection already TLS terminated (after CONNECT to a Cloud Storage host)."""
 
-    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1", clients=()):
+    secure = True
+
+
+def _host_port(target: str) -> tuple[str | None, int]:
+    """CONNECT's `host:port` (or `[v6]:port`) -> (lowercase host, port); (None, 0) when malformed."""
+    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([^:\[\]/\s]+):(\d{1,5})", target)
+    if not match:
+        return None, 0
+    host, port = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return host.lower(), int(port)
+
+
+def system_ca_bundle() -> Path | None:
+    """The CA bundle this machine's Python trusts, if it has one file of them."""
+    paths = ssl.get_default_verify_paths()
+    for candidate in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    try:
+        import certifi
+
+        return Path(certifi.where())
+    except ImportError:
+        return None
+
+
+class LocalGCS:
+    """fake-gcs-server behind Front. `environ()` is what a process on this machine needs to use it."""
+
+    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1", *, allowed_hosts=(),
+                 upstream: str | None = None, log: Callable[[str], None] | None = None):
         self.root = Path(root)
         self._address = (host, port)
-        self._clients = tuple(clients)
+        self._front_options = dict(allowed_hosts=allowed_hosts, upstream=upstream, log=log)
         self._process: subprocess.Popen | None = None
         self.front: Front | None = None
 
     def start(self) -> "LocalGCS":
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.ca, cert, key = make_certificates(self.root)
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # nothing started may outlive a failed start
+            raise
+
+    def _start(self) -> "LocalGCS":
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ca, cert, key = make_certificates(self.root)
+        # The one file every client trusts: this machine's CAs, so that what the proxy tunnels
+        # still verifies, and the local CA, for Cloud Storage's hosts.
+        self.ca = self.root / "ca-bundle.pem"
+        system = system_ca_bundle()
+        self.ca.write_bytes((system.read_bytes().rstrip(b"\n") + b"\n" if system else b"") + ca.read_bytes())
         backend_port = free_port()
         self._log = open(self.root / "fake-gcs-server.log", "ab")
         # Uploads are answered with a Location on the public https host, which is Front.
@@ -332,28 +555,38 @@ class LocalGCS:
                 break
             except OSError:
                 if self._process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
                     raise RuntimeError(f"fake-gcs-server did not start; see {self.root / 'fake-gcs-server.log'}")
                 time.sleep(0.1)
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(cert, key)
-        self.front = Front(self._address, backend_port, tls, self._clients)
         self.backend_port = backend_port
-        threading.Thread(target=self.front.serve_forever, name="local-gcs-front", daemon=True).start()
+        self.front = Front(backend_port, tls, **self._front_options)
+        self.front.listen(*self._address)
         return self
 
     @property
     def port(self) -> int:
-        return self.front.server_address[1]
+        return self.front.listeners[0].server_address[1]
+
+    def serve_network(self, subnet: str, gateway: str) -> str:
+        """Admits a container network and listens on its gateway; returns the proxy URL its
+        containers use."""
+        self.front.admit(subnet)
+        try:
+            port = self.front.listen(gateway, self.port)
+        except OSError:  # that port is taken on this address: any other will do
+            port = self.front.listen(gateway, 0)
+        host = f"[{gateway}]" if ":" in gateway else gateway
+        return f"http://{host}:{port}"
 
     def environ(self, no_proxy: tuple[str, ...] = ()) -> dict[str, str]:
         """The variables a process needs: the proxy (not for the cluster's own hosts: gRPC
-        honours https_proxy too, and a job's collectives must not go through it), the CA, and
-        no credential lookup."""
+        honours https_proxy too, and a job's collectives must not go through it), the CA bundle
+        (for TensorFlow's client, Python and requests), and no credential lookup."""
         proxy = f"http://127.0.0.1:{self.port}"
         bypass = ",".join(("localhost", "127.0.0.1", "::1", *no_proxy))
         return {"https_proxy": proxy, "HTTPS_PROXY": proxy, "no_proxy": bypass, "NO_PROXY": bypass,
-                "CURL_CA_BUNDLE": str(self.ca), "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-gcs", "NO_GCE_CHECK": "true"}
+                **ca_variables(str(self.ca)), "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-gcs", "NO_GCE_CHECK": "true"}
 
     def create_bucket(self, name: str) -> None:
         request = urllib.request.Request(f"http://127.0.0.1:{self.backend_port}/storage/v1/b?project=local",
@@ -409,8 +642,7 @@ class LocalGCS:
 
     def stop(self) -> None:
         if self.front is not None:
-            self.front.shutdown()
-            self.front.server_close()
+            self.front.close()
             self.front = None
         if self._process is not None:
             self._process.terminate()
@@ -420,7 +652,9 @@ class LocalGCS:
                 self._process.kill()
                 self._process.wait()
             self._process = None
+        if getattr(self, "_log", None) is not None:
             self._log.close()
+            self._log = None
 
     def __enter__(self) -> "LocalGCS":
         return self.start()
@@ -438,7 +672,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     scratch = None if args.root else tempfile.TemporaryDirectory(prefix="local-gcs-")
     root = Path(args.root or scratch.name)
-    with LocalGCS(root, args.port) as server:
+    # It listens on loopback only, for this machine's own processes, which reach any host anyway:
+    # everything besides Cloud Storage is tunnelled for them (pip in the same shell, say).
+    log = lambda line: print(f"local_gcs: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    with LocalGCS(root, args.port, allowed_hosts=("*",), log=log) as server:
         server.front.latency_seconds = args.latency_ms / 1000
         for bucket in args.bucket:
             server.create_bucket(bucket)
