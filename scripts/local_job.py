@@ -6,34 +6,47 @@
 
 One container per replica, from the spec's imageUri, command, args and env, on a private network
 where each replica is reachable by its Vertex name (workerpool0-0, workerpool1-0, ...). Each is
-told what Vertex tells it: CLUSTER_SPEC and TF_CONFIG, the AIP_* output directories under the
-baseOutputDirectory (under BASE/TRIAL/ in a tuning trial), CLOUD_ML_JOB_ID, CLOUD_ML_TRIAL_ID.
+told what Vertex tells it: CLUSTER_SPEC (and TF_CONFIG when the job has more than one replica),
+the AIP_* output directories under the baseOutputDirectory (under BASE/TRIAL/ in a tuning trial),
+CLOUD_ML_PROJECT_ID, CLOUD_ML_JOB_ID, CLOUD_ML_TRIAL_ID.
 
-Vertex's rules, applied here:
-- a replica that exits non-zero is restarted under its name, on the same machine (the same
-  container, so its local disk is kept), up to 5 times; one more failure restarts the whole
-  job, at most 3 times, and then the job fails;
-- with scheduling.restartJobOnWorkerRestart, a restarted replica restarts every replica;
-- the job ends when pool 0's replica ends; the others are then stopped;
+Vertex's rules, as its documentation states them (docs/rehearsal.md quotes each):
+- a replica that exits non-zero fails the job at once ("User code exception", a permanent error),
+  with the replica's exit code and last error line; the others are stopped;
+- except SIGABRT and SIGSEGV (exit 134, 139), "exit codes that could be transient": the whole job
+  restarts, at most 3 times;
+- `--preempt REPLICA@SECONDS` is a Spot preemption: SIGTERM, SIGKILL 30 s later, and "the job
+  fails with a STOCKOUT error and Compute Engine tries to restart the job up to six times": every
+  replica starts again on a new machine (a new container, a fresh disk);
+- `--maintenance REPLICA@SECONDS` is VM maintenance: SIGTERM, SIGKILL 30 s later, and the replica
+  alone comes back on another machine under the same hostname, up to 5 times before the job is
+  retried; with scheduling.restartJobOnWorkerRestart (unless scheduling.disableRetries) every
+  replica restarts with it;
+- `REPLICA@/REGEX/` instead of seconds: when the replica prints a line that matches, such as
+  `workerpool1-0@/epoch 2/3 begins/`;
+- the job ends when pool 0's replica exits 0; the others are then stopped. A worker that exits 0
+  first stays finished;
 - scheduling.timeout ends the job;
-- `--preempt REPLICA@SECONDS` is a Spot preemption: SIGTERM, SIGKILL 30 s later, and the replica
-  comes back on a new machine (a new container). `REPLICA@/REGEX/` preempts it when it prints a
-  line that matches, such as `workerpool1-0@/epoch 2/3 begins/`.
+- the engine failing to run a replica (an image it cannot find or pull, a container it cannot
+  create, a command that cannot start) ends the job at once, with exit code 125 and one line.
 Every line is shown with its replica and the severity Cloud Logging gives it: stdout is INFO,
 stderr is ERROR.
 
 gs:// goes to a local Cloud Storage server (scripts/local_gcs.py) that holds every bucket the spec
-names, reached through a proxy only the job's network may use. The same buckets are files under
-/gcs/BUCKET/ in every replica, as Cloud Storage FUSE shows them on Vertex (scripts/gcs_fuse.py,
-mounted on this machine and bound into each container). With --real-gcs, the containers use
-Google's Cloud Storage with your Application Default Credentials, mounted as
-`gcloud ai custom-jobs local-run` mounts them.
+names. Its proxy listens on this machine's loopback and on each job network's gateway, admits only
+those networks, and reaches nothing but Cloud Storage (and the hosts --allow-host names): the
+images a rehearsal runs cannot reach this machine's own services through it. Objects of other
+buckets are read from the real Cloud Storage, anonymously (public objects: Keras' ImageNet
+weights). The same buckets are files under /gcs/BUCKET/ in every replica, as Cloud Storage FUSE
+shows them on Vertex (scripts/gcs_fuse.py, mounted on this machine and bound into each container).
+With --real-gcs, the containers use Google's Cloud Storage with your Application Default
+Credentials, mounted as `gcloud ai custom-jobs local-run` mounts them.
 
 Why the runner drives the engine itself instead of `docker compose up`: compose restarts one
 container at a time and ends when it likes, and Vertex's rules are about the job (a restart of
-every replica, job retries after a replica's restarts run out, the end of pool 0, preemption).
+every replica, job retries, the end of pool 0, preemption).
 The runner needs to see every exit to apply them. `--print-compose` prints the same replicas as a
-compose file, for those who want one; it restarts replicas as Vertex does, and nothing more.
+compose file, for those who want one, without those rules.
 """
 
 from __future__ import annotations
@@ -41,7 +54,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import ipaddress
 import json
 import math
 import os
@@ -57,17 +69,27 @@ import time
 from pathlib import Path
 
 try:
-    from scripts import jobspec, local_gcs
+    from scripts import engine as engine_settings, jobspec, local_gcs
 except ImportError:  # python scripts/submit_job.py puts scripts/ itself first on sys.path
+    import engine as engine_settings
     import jobspec
     import local_gcs
 
 PORT = 2222
-REPLICA_RESTARTS = 5  # per replica, after a non-zero exit
-JOB_RETRIES = 3  # the whole job, once a replica has used its restarts
+# Vertex's retry rules ("Understanding the training service", "Use Spot VMs"; docs/rehearsal.md).
+REPLICA_RESTARTS = 5  # a replica restarted for a non-permanent reason (VM maintenance), before the job is retried
+JOB_RETRIES = 3  # the whole job, after a possibly transient exit or a replica's restarts
+TRANSIENT_EXIT_CODES = (6, 11, 134, 139)  # SIGABRT and SIGSEGV: "exit codes that could be transient"
+SPOT_RESTARTS = 6  # "the job fails with a STOCKOUT error and Compute Engine tries to restart the job up to six times"
+SPOT, RETRY = "spot", "retry"  # why a job restarts: each kind has its own limit
 SPOT_GRACE_SECONDS = 30  # between a Spot VM's shutdown signal and its hard stop
 STOP_GRACE_SECONDS = 10  # for replicas the job stops (its end, a restart of every replica)
-CA_IN_CONTAINER = "/etc/local-gcs/ca.pem"
+# The project number Vertex gives CLOUD_ML_PROJECT_ID; a rehearsal has none.
+LOCAL_PROJECT_NUMBER = "000000000000"
+# Where gs:// objects of buckets the rehearsal does not hold come from: `{host}` is the Google host
+# the job asked (public objects only, such as Keras' ImageNet weights).
+PUBLIC_GCS = "https://{host}"
+CA_IN_CONTAINER = "/etc/local-gcs/ca-bundle.pem"
 CREDENTIALS_IN_CONTAINER = "/tmp/keys/cred_key.json"
 HYPERTUNE_DIR = "/tmp/hypertune"  # cloudml-hypertune's default metrics file is output.metrics here
 BUCKET_NAME = r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"
@@ -144,13 +166,13 @@ def replica_environments(job_spec: dict, job_id: str, trial: str | None = None) 
     for replica, cluster in zip(replicas_of(job_spec), clusters):
         env = dict(replica.env)
         for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
-            value = json.loads(cluster[variable])
-            if trial:
-                value["task"]["trial"] = trial
-            if variable == "CLUSTER_SPEC":
-                value["job"] = json.dumps(job_spec)  # Vertex puts the job's own spec here, as a string
-            env[variable] = json.dumps(value)
+            if variable in cluster:
+                value = json.loads(cluster[variable])
+                if trial:
+                    value["task"]["trial"] = trial
+                env[variable] = json.dumps(value)
         env.update(output_directories(job_spec, trial))
+        env["CLOUD_ML_PROJECT_ID"] = LOCAL_PROJECT_NUMBER
         env["CLOUD_ML_JOB_ID"] = job_id
         if trial:
             env["CLOUD_ML_TRIAL_ID"] = trial
@@ -166,22 +188,28 @@ def buckets_named(spec: dict) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Preemption:
+    """An event that takes a replica's machine away: a Spot preemption (SPOT: the job fails with
+    STOCKOUT and is restarted whole) or VM maintenance ("maintenance": the replica alone comes back
+    on another machine under its name)."""
+
     replica: str
     seconds: float | None = None  # after the job starts
     pattern: re.Pattern | None = None  # or when the replica prints a matching line
+    kind: str = SPOT
 
 
-def parse_preemption(text: str) -> Preemption:
+def parse_preemption(text: str, kind: str = SPOT) -> Preemption:
+    option = "--preempt" if kind == SPOT else "--maintenance"
     name, _, when = text.partition("@")
     if re.fullmatch(r"workerpool[0-3]-\d+", name):
         if re.fullmatch(r"\d+(\.\d+)?", when):
-            return Preemption(name, seconds=float(when))
+            return Preemption(name, seconds=float(when), kind=kind)
         if len(when) > 2 and when.startswith("/") and when.endswith("/"):
             try:
-                return Preemption(name, pattern=re.compile(when[1:-1]))
+                return Preemption(name, pattern=re.compile(when[1:-1]), kind=kind)
             except re.error:
                 pass
-    raise JobError(f"--preempt takes REPLICA@SECONDS or REPLICA@/REGEX/, like workerpool1-0@40; got {text!r}")
+    raise JobError(f"{option} takes REPLICA@SECONDS or REPLICA@/REGEX/, like workerpool1-0@40; got {text!r}")
 
 
 def draw_parameters(study_spec: dict, rng: random.Random) -> dict[str, str]:
@@ -232,13 +260,14 @@ def last_metric(metrics_file: Path, metric: str) -> float | None:
 
 
 def compose_file(job_spec: dict, job_id: str, credentials: str | None = None) -> dict:
-    """The replicas as a compose file: Vertex's names and environment, Vertex's per-replica restarts."""
+    """The replicas as a compose file: Vertex's names and environment. A failed replica is not
+    restarted: on Vertex it fails the job, which compose cannot express."""
     services = {}
     for replica in replicas_of(job_spec):
         env = replica_environments(job_spec, job_id)[replica.name]
         service: dict = {"image": replica.image, "hostname": replica.name,
                          "networks": {"job": {"aliases": [replica.name]}},
-                         "environment": env, "restart": f"on-failure:{REPLICA_RESTARTS}", "stop_grace_period": "30s"}
+                         "environment": env, "restart": "no", "stop_grace_period": "30s"}
         if replica.command:
             service["entrypoint"] = list(replica.command)
         if replica.args:
@@ -261,27 +290,46 @@ def default_credentials(environ=os.environ) -> str:
 
 # --- the container engine ---------------------------------------------------------------------
 
-class Engine:
-    """docker or podman, through its command line."""
+class EngineFailure(Exception):
+    """The engine could not run a replica: its image could not be found or pulled, its container
+    could not be created, or its command could not start. Vertex reports these once, as a job
+    error, and restarts nothing."""
 
-    def __init__(self, tool: str):
+    def __init__(self, replica: "Replica", message: str):
+        super().__init__(f"{replica.name}: the engine could not run {replica.image}: {message}")
+
+
+ENGINE_FAILURE_EXIT = 125  # what docker and podman themselves return when they, not the command, failed
+
+
+class Engine:
+    """docker or podman, through its command line, with the settings scripts/engine.py gives every
+    script of the project (so it sees the images scripts/images.sh builds)."""
+
+    def __init__(self, tool: str, environ: dict[str, str] | None = None):
         self.tool = tool
+        self.environ = {**os.environ, **(environ or {})}
 
     @staticmethod
     def detect(requested: str | None = None) -> "Engine":
-        if requested:
-            return Engine(requested)
-        if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
-            return Engine("docker")
-        if shutil.which("podman"):
-            return Engine("podman")
-        raise JobError("no container engine: install docker (with its daemon running) or podman")
+        try:
+            chosen = engine_settings.settings(requested)
+        except engine_settings.EngineError as error:
+            raise JobError(str(error)) from None
+        return Engine(chosen.engine, chosen.environ)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self.tool, *args], capture_output=True, text=True, env=self.environ)
 
     def __call__(self, *args: str, check: bool = True) -> str:
-        result = subprocess.run([self.tool, *args], capture_output=True, text=True)
+        result = self.run(*args)
         if check and result.returncode != 0:
-            raise JobError(f"{self.tool} {' '.join(args[:2])}: {result.stderr.strip().splitlines()[-1:] or result.returncode}")
+            raise JobError(f"{self.tool} {' '.join(args[:2])}: {last_line(result.stderr) or result.returncode}")
         return result.stdout
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([self.tool, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", env=self.environ)
 
     def create_network(self, name: str) -> tuple[str, str]:
         """Creates a network; (its subnet, the host's address on it)."""
@@ -293,10 +341,29 @@ class Engine:
         config = info["IPAM"]["Config"][0]  # docker
         return config["Subnet"], config["Gateway"]
 
+    def state(self, container: str, field: str) -> str | None:
+        """A field of the container's State, as the engine prints it; None if there is no such container."""
+        inspected = self.run("inspect", "--format", f"{{{{.State.{field}}}}}", container)
+        return inspected.stdout.strip() if inspected.returncode == 0 else None
+
+    def has_started(self, container: str) -> bool:
+        """Whether the container's command has ever run (a container that could not start has
+        the zero time). True for a container that is gone: nothing more can be said of it."""
+        started = self.state(container, "StartedAt")
+        return started is None or not started.startswith("0001-01-01")
+
+    def out_of_memory(self, container: str) -> bool:
+        return self.state(container, "OOMKilled") == "true"
+
     def gpu_flags(self) -> list[str]:
         if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
             return []
         return ["--gpus", "all"] if self.tool == "docker" else ["--device", "nvidia.com/gpu=all"]
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 # --- one job ----------------------------------------------------------------------------------
@@ -328,13 +395,20 @@ class Options:
     # Called with each job network's (subnet, gateway) as it is made; returns the variables that
     # reach Cloud Storage from that network.
     on_network: object = None
+    # Set when the run is interrupted: no replica starts any more, and running jobs end.
+    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    jobs: list = dataclasses.field(default_factory=list)  # every JobRun started, for the cleanup
 
 
 @dataclasses.dataclass
 class Outcome:
-    state: str  # JOB_STATE_SUCCEEDED, JOB_STATE_FAILED
+    state: str  # JOB_STATE_SUCCEEDED, JOB_STATE_FAILED, JOB_STATE_CANCELLED
     exit_code: int
     message: str
+
+
+class Cancelled(Exception):
+    """The run was interrupted while this job was running."""
 
 
 class JobRun:
@@ -348,18 +422,21 @@ class JobRun:
         self.network = f"vertex-local-{job_id}" + (f"-trial-{trial}" if trial else "")
         self.metrics_dir = metrics_dir
         scheduling = job_spec.get("scheduling", {})
-        self.restart_all = bool(scheduling.get("restartJobOnWorkerRestart"))
+        # disableRetries "overrides restart_job_on_worker_restart to false" (CustomJobSpec reference).
+        self.restart_all = bool(scheduling.get("restartJobOnWorkerRestart")) and not scheduling.get("disableRetries")
         self.timeout = float(scheduling["timeout"].rstrip("s")) if scheduling.get("timeout") else None
         self.exits = {r.name: [] for r in self.replicas}
         self.launches = collections.Counter()  # a replica's starts: its first, then every restart
         self.last_errors = {r.name: collections.deque(maxlen=3) for r in self.replicas}
         self.processes: dict[str, subprocess.Popen] = {}
         self.readers: dict[str, list[threading.Thread]] = {}
-        self.started: set[str] = set()
+        self.created: set[str] = set()  # containers that exist: a restart on the same machine starts them again
+        self.engine_errors: dict[str, list[str]] = {}  # what the engine said when a container could not start
         self.failed_replica: Replica | None = None
+        self.retry_reason: tuple[str, str] = ("", "")  # why the last attempt ended in a restart of the job
         self.matched: set[str] = set()  # replicas that printed their preemption's pattern
         self.storage = dict(options.storage)
-        self.removed = False
+        self.lock = threading.Lock()  # launches against removal, which may come from another thread
 
     def container(self, replica: Replica) -> str:
         return f"{self.network}-{replica.name}"
@@ -369,36 +446,44 @@ class JobRun:
 
     # containers
 
-    def launch(self, replica: Replica, new_machine: bool) -> None:
-        """Starts the replica: a new container on a new machine, else the stopped one again."""
-        engine, name = self.options.engine, self.container(replica)
-        if name in self.started and not new_machine:
-            command = [engine.tool, "start", "--attach", name]
+    def create_arguments(self, replica: Replica) -> list[str]:
+        env = {**self.environments[replica.name], **self.storage}
+        if "https_proxy" in env:
+            # gRPC honours the proxy too: the replicas' own traffic must not go through it.
+            env["no_proxy"] = env["NO_PROXY"] = ",".join(["localhost", "127.0.0.1", "::1", *(r.name for r in self.replicas)])
+        arguments = ["--name", self.container(replica), "--hostname", replica.name, "--network", self.network,
+                     "--network-alias", replica.name]
+        for key, value in env.items():
+            arguments += ["-e", f"{key}={value}"]
+        for mount in self.options.mounts:
+            arguments += ["-v", mount]
+        if self.metrics_dir is not None and replica.pool == 0:
+            arguments += ["-v", f"{self.metrics_dir}:{HYPERTUNE_DIR}"]
+        if replica.accelerators:
+            arguments += self.options.engine.gpu_flags()
+        if replica.command:
+            arguments += ["--entrypoint", replica.command[0], replica.image, *replica.command[1:]]
         else:
-            engine("rm", "-f", name, check=False)
-            env = {**self.environments[replica.name], **self.storage}
-            if "https_proxy" in env:
-                # gRPC honours the proxy too: the replicas' own traffic must not go through it.
-                env["no_proxy"] = env["NO_PROXY"] = ",".join(["localhost", "127.0.0.1", "::1", *(r.name for r in self.replicas)])
-            command = [engine.tool, "run", "--name", name, "--hostname", replica.name, "--network", self.network,
-                       "--network-alias", replica.name]
-            for key, value in env.items():
-                command += ["-e", f"{key}={value}"]
-            for mount in self.options.mounts:
-                command += ["-v", mount]
-            if self.metrics_dir is not None and replica.pool == 0:
-                command += ["-v", f"{self.metrics_dir}:{HYPERTUNE_DIR}"]
-            if replica.accelerators:
-                command += engine.gpu_flags()
-            if replica.command:
-                command += ["--entrypoint", replica.command[0], replica.image, *replica.command[1:]]
-            else:
-                command += [replica.image]
-            command += list(replica.args)
-            self.started.add(name)
-        self.launches[replica.name] += 1
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-        self.processes[replica.name] = process
+            arguments += [replica.image]
+        return arguments + list(replica.args)
+
+    def launch(self, replica: Replica, new_machine: bool) -> None:
+        """Starts the replica: a new container on a new machine, else the stopped one again.
+        Raises EngineFailure when its container cannot be created (an image that is not there)."""
+        engine, name = self.options.engine, self.container(replica)
+        with self.lock:
+            if self.options.cancelled.is_set():
+                raise Cancelled()
+            if new_machine or name not in self.created:
+                engine.run("rm", "-f", name)
+                self.created.add(name)  # before create: an interrupted create still gets removed
+                created = engine.run("create", *self.create_arguments(replica))
+                if created.returncode != 0:
+                    raise EngineFailure(replica, last_line(created.stderr) or f"{engine.tool} create exited {created.returncode}")
+            self.launches[replica.name] += 1
+            process = engine.popen("start", "--attach", name)
+            self.processes[replica.name] = process
+        self.engine_errors.pop(replica.name, None)
         self.readers[replica.name] = [
             threading.Thread(target=self.relay, args=(replica, process.stdout, "INFO"), daemon=True),
             threading.Thread(target=self.relay, args=(replica, process.stderr, "ERROR"), daemon=True)]
@@ -407,12 +492,31 @@ class JobRun:
 
     def relay(self, replica: Replica, stream, severity: str) -> None:
         patterns = [p.pattern for p in self.options.preemptions if p.replica == replica.name and p.pattern]
+        # The engine's own complaint when the command cannot start (`start --attach` prints it on
+        # stderr) is not the replica's: stderr is held back until the container is seen running.
+        held: list[str] | None = [] if severity == "ERROR" else None
         for line in stream:
-            self.output.line(self.source(replica), severity, line)
-            if any(pattern.search(line) for pattern in patterns):
-                self.matched.add(replica.name)
-            if severity == "ERROR" and line.strip():
-                self.last_errors[replica.name].append(line.strip())
+            if held is not None:
+                if not self.options.engine.has_started(self.container(replica)):
+                    held.append(line)
+                    continue
+                for early in held:
+                    self.replica_line(replica, severity, early, patterns)
+                held = None
+            self.replica_line(replica, severity, line, patterns)
+        if held:
+            if self.options.engine.has_started(self.container(replica)):
+                for early in held:
+                    self.replica_line(replica, severity, early, patterns)
+            else:
+                self.engine_errors[replica.name] = [line.strip() for line in held if line.strip()]
+
+    def replica_line(self, replica: Replica, severity: str, line: str, patterns) -> None:
+        self.output.line(self.source(replica), severity, line)
+        if any(pattern.search(line) for pattern in patterns):
+            self.matched.add(replica.name)
+        if severity == "ERROR" and line.strip():
+            self.last_errors[replica.name].append(line.strip())
 
     def send(self, replica: Replica, name: str) -> None:
         self.options.engine("kill", "--signal", name, self.container(replica), check=False)
@@ -422,6 +526,9 @@ class JobRun:
             reader.join(timeout=10)
         del self.processes[replica.name]
         self.exits[replica.name].append(code)
+        said = self.engine_errors.get(replica.name)
+        if code != 0 and said is not None and not self.options.engine.has_started(self.container(replica)):
+            raise EngineFailure(replica, said[-1] if said else f"{self.options.engine.tool} start exited {code}")
 
     def stop(self, replicas) -> None:
         """Stops these replicas as a job ends or restarts: SIGTERM, then SIGKILL after the grace."""
@@ -436,61 +543,96 @@ class JobRun:
             except subprocess.TimeoutExpired:
                 self.send(replica, "KILL")
                 code = process.wait()
-            self.reap(replica, code)
+            for reader in self.readers.pop(replica.name, []):
+                reader.join(timeout=10)
+            del self.processes[replica.name]
+            self.exits[replica.name].append(code)
+
+    def halt(self) -> None:
+        """Stops every container of the job at once, from any thread: an interrupted run. The
+        job's own thread then sees them exit, and ends."""
+        with self.lock:
+            names = sorted(self.created)
+        if names:
+            self.options.engine("stop", "-t", str(STOP_GRACE_SECONDS), *names, check=False)
 
     def remove(self) -> None:
-        """Stops and removes every container and the network; safe to call again."""
-        if self.removed:
-            return
-        engine = self.options.engine
-        self.stop(self.replicas)
-        engine("rm", "-f", *(self.container(r) for r in self.replicas), check=False)
-        engine("network", "rm", "-f", self.network, check=False)
-        self.removed = True
+        """Removes every container it made, whatever state it is in, and its network. Safe to
+        call again, and from any thread."""
+        with self.lock:
+            names = sorted(self.created)
+        if names:
+            self.options.engine("rm", "-f", *names, check=False)
+        self.options.engine("network", "rm", "-f", self.network, check=False)
 
     # the rules
 
     def run(self) -> Outcome:
+        self.options.jobs.append(self)
         subnet, gateway = self.options.engine.create_network(self.network)
         if self.options.on_network:
             self.storage.update(self.options.on_network(subnet, gateway))
         try:
-            started = time.monotonic()
-            for retry in range(self.options.job_retries + 1):
-                if retry:
-                    self.output.note(f"restarting the whole job (retry {retry} of {self.options.job_retries})", "WARNING")
-                outcome = self.attempt(started)
+            started, retries = time.monotonic(), collections.Counter()
+            while True:
+                outcome = self.attempt(started, first=not retries)
                 if outcome is not None:
                     return outcome
-            failed = self.failed_replica
-            return Outcome("JOB_STATE_FAILED", self.exits[failed.name][-1], self.failure_message(failed))
+                kind, reason = self.retry_reason
+                limit = SPOT_RESTARTS if kind == SPOT else self.options.job_retries
+                retries[kind] += 1
+                if retries[kind] > limit:
+                    code = self.exits[self.failed_replica.name][-1] if self.failed_replica else 1
+                    return Outcome("JOB_STATE_FAILED", code, f"{reason}; the job was already restarted {limit} times")
+                self.output.note(f"{reason}: restarting the whole job on new machines "
+                                 f"({'Spot restart' if kind == SPOT else 'retry'} {retries[kind]} of {limit})", "WARNING")
+        except EngineFailure as failure:
+            self.stop(self.replicas)
+            return Outcome("JOB_STATE_FAILED", ENGINE_FAILURE_EXIT, str(failure))
+        except Cancelled:
+            return Outcome("JOB_STATE_CANCELLED", 130, "interrupted")
+        except BaseException:
+            self.halt()  # Ctrl-C or SIGTERM in this thread: the replicas get their grace, as on Vertex
+            raise
         finally:
             self.remove()
 
-    def attempt(self, started: float) -> Outcome | None:
-        """One run of every replica; None when a replica used up its restarts (the job is retried)."""
-        failures = collections.Counter()
-        preempted: dict[str, float] = {}  # replica -> when SIGKILL follows
-        # Each preemption happens once, in the job's first run.
-        due = list(self.options.preemptions) if not any(self.exits.values()) else []
+    def attempt(self, started: float, first: bool) -> Outcome | None:
+        """One run of every replica. Returns the job's outcome, or None when the job is to be
+        retried (self.retry_reason says why)."""
+        failures = collections.Counter()  # non-permanent failures (maintenance) per replica
+        evicted: dict[str, float] = {}  # replica -> when SIGKILL follows its SIGTERM
+        stockout: str | None = None  # the Spot preemption that ends this attempt
+        # Each preemption and maintenance event happens once, in the job's first run.
+        due = list(self.options.preemptions) if first else []
         by_name = {r.name: r for r in self.replicas}
         for replica in self.replicas:
             self.launch(replica, new_machine=True)
         while True:
+            if self.options.cancelled.is_set():
+                raise Cancelled()
             now = time.monotonic() - started
             if self.timeout and now > self.timeout:
                 self.stop(self.replicas)
                 return Outcome("JOB_STATE_FAILED", 124, f"the job ran past scheduling.timeout ({self.timeout:g}s)")
-            for preemption in [p for p in due if (p.seconds is not None and p.seconds <= now) or p.replica in self.matched]:
-                due.remove(preemption)
-                name = preemption.replica
-                if name in self.processes:
-                    self.output.note(f"preempting {name}: SIGTERM now, SIGKILL in {SPOT_GRACE_SECONDS}s (Spot VM)", "WARNING")
-                    self.send(by_name[name], "TERM")
-                    preempted[name] = time.monotonic() + SPOT_GRACE_SECONDS
-            for name, kill_at in list(preempted.items()):
+            for event in [p for p in due if (p.seconds is not None and p.seconds <= now) or p.replica in self.matched]:
+                due.remove(event)
+                if event.replica in self.processes:
+                    what = "preempting (Spot VM)" if event.kind == SPOT else "VM maintenance on"
+                    self.output.note(f"{what} {event.replica}: SIGTERM now, SIGKILL in {SPOT_GRACE_SECONDS}s", "WARNING")
+                    self.send(by_name[event.replica], "TERM")
+                    evicted[event.replica] = time.monotonic() + SPOT_GRACE_SECONDS
+                    if event.kind == SPOT:
+                        stockout = event.replica
+            for name, kill_at in list(evicted.items()):
                 if name in self.processes and time.monotonic() > kill_at:
                     self.send(by_name[name], "KILL")
+            if stockout is not None and stockout not in self.processes:
+                # Spot: the job fails with STOCKOUT and is restarted whole, on new machines.
+                self.stop(self.replicas)
+                self.failed_replica = by_name[stockout]
+                self.retry_reason = (SPOT, f"{stockout} was preempted (STOCKOUT)")
+                return None
             for replica in self.replicas:
                 process = self.processes.get(replica.name)
                 if process is None or process.poll() is None:
@@ -500,37 +642,42 @@ class JobRun:
                 if replica.pool == 0 and code == 0:
                     self.stop(self.replicas)
                     return Outcome("JOB_STATE_SUCCEEDED", 0, "the replica in pool 0 finished")
-                if code == 0:
-                    continue
-                new_machine = preempted.pop(replica.name, None) is not None
-                if not new_machine:
+                if code == 0 or stockout is not None:
+                    continue  # a finished worker stays finished; after a preemption the job restarts anyway
+                if evicted.pop(replica.name, None) is not None:
+                    # Maintenance, not the replica's fault: it comes back on another machine, under
+                    # its name, at most replica_restarts times.
                     failures[replica.name] += 1
                     if failures[replica.name] > self.options.replica_restarts:
-                        self.failed_replica = replica
-                        self.output.note(self.failure_message(replica), "ERROR")
                         self.stop(self.replicas)
+                        self.retry_reason = (RETRY, f"{replica.name} was restarted {self.options.replica_restarts} times")
                         return None
-                how = "on a new machine" if new_machine else "on the same machine"
-                if self.restart_all:
-                    others = [r for r in self.replicas if r is not replica]
-                    self.stop(others)
-                    # A preempted replica that exited meanwhile (its peers may exit first, having
-                    # saved a backup together) comes back on a new machine too.
-                    new_machines = {replica.name} if new_machine else set()
-                    new_machines |= {name for name in list(preempted) if name not in self.processes and preempted.pop(name)}
-                    self.output.note(f"{replica.name} exited {code}: restarting every replica (restartJobOnWorkerRestart)"
-                                     + "".join(f", {name} on a new machine" for name in sorted(new_machines)), "WARNING")
-                    for each in self.replicas:
-                        self.launch(each, new_machine=each.name in new_machines)
-                else:
-                    self.output.note(f"{replica.name} exited {code}: restarting it {how}", "WARNING")
-                    self.launch(replica, new_machine)
+                    if self.restart_all:
+                        self.output.note(f"{replica.name} restarted on another machine: restarting every replica "
+                                         "(restartJobOnWorkerRestart)", "WARNING")
+                        self.stop(self.replicas)
+                        for each in self.replicas:
+                            self.launch(each, new_machine=each is replica)
+                    else:
+                        self.output.note(f"{replica.name} restarted on another machine", "WARNING")
+                        self.launch(replica, new_machine=True)
+                    continue
+                self.failed_replica = replica
+                self.stop(self.replicas)
+                if code in TRANSIENT_EXIT_CODES:
+                    self.retry_reason = (RETRY, f"{self.failure_message(replica)} (possibly transient)")
+                    return None
+                return Outcome("JOB_STATE_FAILED", code, self.failure_message(replica))
             time.sleep(0.2)
 
     def failure_message(self, replica: Replica) -> str:
+        code = self.exits[replica.name][-1]
+        if self.options.engine.out_of_memory(self.container(replica)):
+            said = f"The replica {replica.name} ran out of memory and exited with a non-zero status of {code}."
+        else:
+            said = f"The replica {replica.name} exited with a non-zero status of {code}."
         last = self.last_errors[replica.name]
-        return (f"The replica {replica.name} exited with a non-zero status of {self.exits[replica.name][-1]}."
-                + (f" Last error: {last[-1]}" if last else ""))
+        return said + (f" Last error: {last[-1]}" if last else "")
 
     def summary(self) -> list[str]:
         return [f"{r.name}: exit codes {','.join(map(str, self.exits[r.name])) or '-'}; "
@@ -619,54 +766,54 @@ def not_emulated(job_spec: dict) -> str:
 
 def run(spec: dict, *, engine: str | None = None, real_gcs: bool = False, preemptions=(), stages=(),
         keep_dir: str | None = None, replica_restarts: int = REPLICA_RESTARTS, job_retries: int = JOB_RETRIES,
-        seed: int = 0, output: Output | None = None) -> int:
+        seed: int = 0, allow_hosts=(), public_gcs: str | None = PUBLIC_GCS, output: Output | None = None) -> int:
     """Runs the spec; returns the job's exit code (0 when pool 0 succeeded)."""
     output = output or Output()
     kind, job_spec = job_spec_of(spec)
     replicas = replicas_of(job_spec)
     names = {r.name for r in replicas}
-    preemptions = [parse_preemption(p) for p in preemptions]
+    preemptions = [p if isinstance(p, Preemption) else parse_preemption(p) for p in preemptions]
     for preemption in preemptions:
         if preemption.replica not in names:
-            raise JobError(f"--preempt {preemption.replica}: the job has no such replica ({', '.join(sorted(names))})")
+            option = "--preempt" if preemption.kind == SPOT else "--maintenance"
+            raise JobError(f"{option} {preemption.replica}: the job has no such replica ({', '.join(sorted(names))})")
+    if real_gcs and stages:
+        raise JobError("--stage is for the local Cloud Storage server; with --real-gcs, copy with gcloud storage cp")
     tool = Engine.detect(engine)
     job_id = str(int(time.time() * 1000))
     scratch = Path(tempfile.mkdtemp(prefix="vertex-local-"))
     server = fuse = None
-    # SIGTERM (a CI runner's cancel, `kill`) cleans up as Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    options = Options(tool, {}, [], preemptions, replica_restarts, job_retries)
+    previous_handlers = _interrupt_on_signals()
     try:
         if real_gcs:
-            if stages:
-                raise JobError("--stage is for the local Cloud Storage server; with --real-gcs, copy with gcloud storage cp")
             credentials = default_credentials()
-            options = Options(tool, {"GOOGLE_APPLICATION_CREDENTIALS": CREDENTIALS_IN_CONTAINER},
-                              [f"{credentials}:{CREDENTIALS_IN_CONTAINER}:ro"])
+            options.storage["GOOGLE_APPLICATION_CREDENTIALS"] = CREDENTIALS_IN_CONTAINER
+            options.mounts.append(f"{credentials}:{CREDENTIALS_IN_CONTAINER}:ro")
         else:
-            # The proxy listens beyond loopback, for the job's networks only (Front admits their subnets).
-            server = local_gcs.LocalGCS(scratch / "gcs", host="0.0.0.0").start()
+            server = local_gcs.LocalGCS(scratch / "gcs", allowed_hosts=allow_hosts, upstream=public_gcs,
+                                        log=lambda line: output.note(line, "WARNING")).start()
             buckets = buckets_named(spec)
             for bucket in buckets:
                 server.create_bucket(bucket)
             buckets = sorted(set(buckets) | set(stage(server, list(stages))))
-            options = Options(tool, {}, [f"{server.ca}:{CA_IN_CONTAINER}:ro"])
+            options.mounts.append(f"{server.ca}:{CA_IN_CONTAINER}:ro")
             fuse = mount_buckets(server, scratch / "gcs-files", output)
             if fuse is not None:
                 options.mounts.append(f"{scratch / 'gcs-files'}:/gcs")
 
             def admit(subnet: str, gateway: str) -> dict[str, str]:
-                server.front.clients += (ipaddress.ip_network(subnet),)
-                proxy = f"http://{gateway}:{server.port}"  # this machine, as the job's network sees it
-                return {"https_proxy": proxy, "HTTPS_PROXY": proxy, "CURL_CA_BUNDLE": CA_IN_CONTAINER,
+                # The proxy listens on the network's gateway (this machine, as the job's network
+                # sees it) and admits the network's addresses, nothing wider.
+                proxy = server.serve_network(subnet, gateway)
+                return {"https_proxy": proxy, "HTTPS_PROXY": proxy, **local_gcs.ca_variables(CA_IN_CONTAINER),
                         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-gcs", "NO_GCE_CHECK": "true"}
             options.on_network = admit
-        options.preemptions, options.replica_restarts, options.job_retries = preemptions, replica_restarts, job_retries
         output.note(not_emulated(job_spec))
         output.note("Cloud Storage: " + ("Google's, with your Application Default Credentials" if real_gcs else
                                           f"a local server holding {', '.join(f'gs://{b}' for b in buckets) or 'no bucket'}"))
         if kind == "custom":
             job = JobRun(job_spec, job_id, options, output)
-            ACTIVE.append(job)
             outcome = job.run()
             for line in job.summary():
                 output.note(line)
@@ -679,30 +826,47 @@ def run(spec: dict, *, engine: str | None = None, real_gcs: bool = False, preemp
             output.note(f"copied {count} objects from the local Cloud Storage server to {keep_dir}")
         return code
     except KeyboardInterrupt:
-        output.note("interrupted: removing the job's containers and networks", "WARNING")
+        output.note("interrupted: stopping and removing the job's containers and networks", "WARNING")
         return 130
     finally:
-        if previous is not None:  # a second Ctrl-C must not cut the cleanup short
+        if previous_handlers is not None:  # a second Ctrl-C must not cut the cleanup short
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for job in ACTIVE:  # trials still running in other threads, or a job interrupted
+        cancel(options)
+        for job in options.jobs:  # whatever an interrupted trial made after it was told to stop
             job.remove()
-        ACTIVE.clear()
         if fuse is not None:
             unmount(fuse, scratch / "gcs-files")
         if server is not None:
             server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if previous_handlers is not None:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+
+
+def _interrupt_on_signals() -> dict | None:
+    """Ctrl-C and SIGTERM (a CI runner's cancel, `kill`) both interrupt the run, which then cleans
+    up; returns the handlers to restore. Signals reach only the main thread: elsewhere, None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, _interrupt)
+    return previous
 
 
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-ACTIVE: list[JobRun] = []  # the jobs whose containers exist, for the cleanup on any exit
+def cancel(options: Options) -> None:
+    """No replica starts any more; every running one gets its stop signal now (the jobs' own
+    threads then see them exit). A no-op once every job has ended."""
+    options.cancelled.set()
+    for job in options.jobs:
+        if job.processes:
+            job.halt()
 
 
 def run_trials(spec: dict, job_spec: dict, job_id: str, options: Options, output: Output, scratch: Path,
@@ -713,20 +877,27 @@ def run_trials(spec: dict, job_spec: dict, job_id: str, options: Options, output
     total, parallel = int(spec.get("maxTrialCount", 1)), int(spec.get("parallelTrialCount", 1))
     rng = random.Random(seed)
     trials = {str(n): draw_parameters(study, rng) for n in range(1, total + 1)}
+
     def trial(number: str) -> tuple[str, Outcome, float | None]:
         metrics_dir = scratch / f"trial-{number}"
         metrics_dir.mkdir()
         metrics_dir.chmod(0o777)  # the image's user may not be this machine's
         output.note(f"trial {number}: " + " ".join(f"--{k}={v}" for k, v in trials[number].items()))
         job = JobRun(with_trial_args(job_spec, trials[number]), job_id, options, output, number, metrics_dir)
-        ACTIVE.append(job)
         outcome = job.run()
         for line in job.summary():
             output.note(f"trial {number}: {line}")
         return number, outcome, last_metric(metrics_dir / "output.metrics", metric["metricId"])
 
-    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        results = list(pool.map(trial, trials))
+    executor = concurrent.futures.ThreadPoolExecutor(parallel)
+    try:
+        futures = [executor.submit(trial, number) for number in trials]
+        results = [future.result() for future in futures]
+    except BaseException:
+        cancel(options)  # the running trials stop now, instead of being waited for
+        raise
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
     reverse = metric.get("goal", "MAXIMIZE") == "MAXIMIZE"
     ranked = sorted(results, key=lambda r: (r[2] is None, -(r[2] or 0) if reverse else (r[2] or 0)))
     output.note(f"trials ranked by {metric['metricId']} ({metric.get('goal', 'MAXIMIZE')}):")

@@ -1,20 +1,25 @@
 """`submit_job.py local`: CustomJobs and tuning jobs run on this machine as Vertex AI runs them,
 one container of the real CPU image per replica, with gs:// served by the local Cloud Storage server.
 
-Each test runs the command as a user would and reads what it prints: replica, severity, line.
+Each test runs the command as a user would, in an environment without the engine's settings (the
+runner finds them itself, as every project script does), and reads what it prints: replica,
+severity, line.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import signal
+import socket
 import subprocess
+import threading
 
 import pytest
 
 from containers import SMALL_TRAINING, sh
-from helpers import REPO, backups_reported, resumed_at, run_module, write_image_folder
+from helpers import REPO, backups_reported, clean_env, resumed_at, run_module, write_image_folder
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 # Each replica makes its own synthetic data on its own disk, as it would on its own VM.
@@ -28,13 +33,20 @@ def dry_run(*args: str, image: str) -> dict:
     return json.loads(result.stdout)
 
 
-def run_local(engine, tmp_path, spec: dict | None, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    tool, env = engine
+def user_env(**extra) -> dict:
+    """A user's shell: none of the engine's settings (scripts/engine.py's) that the tests' own
+    engine commands use."""
+    return {k: v for k, v in clean_env(**extra).items() if not k.startswith("CONTAINERS_")}
+
+
+def run_local(engine, tmp_path, spec: dict | None, *args: str, timeout: float = 900, env=None) -> subprocess.CompletedProcess:
+    tool, _ = engine
     command = [PYTHON, "-m", "scripts.submit_job", "local", "--engine", tool]
     if spec is not None:
         (tmp_path / "job.json").write_text(json.dumps(spec))
         command += ["--spec", str(tmp_path / "job.json")]
-    result = subprocess.run([*command, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([*command, *args], cwd=REPO, env=env or user_env(), capture_output=True, text=True,
+                            timeout=timeout)
     assert not result.stderr.strip() or result.returncode, result.stderr[-2000:]
     return result
 
@@ -120,9 +132,8 @@ def test_a_preempted_worker_restarts_the_job_which_resumes_from_its_backup(engin
                        "--preempt", "workerpool1-0@/epoch 2/3 begins/")
     assert result.returncode == 0, result.stdout[-5000:]
     notes = lines(result.stdout, "local-run")
-    assert any(n.startswith("preempting workerpool1-0: SIGTERM now") for n in notes), notes
-    assert any("restarting every replica (restartJobOnWorkerRestart), workerpool1-0 on a new machine" in n
-               for n in notes), notes
+    assert any(n.startswith("preempting (Spot VM) workerpool1-0: SIGTERM now") for n in notes), notes
+    assert "workerpool1-0 was preempted (STOCKOUT): restarting the whole job on new machines (Spot restart 1 of 6)" in notes
     chief = "\n".join(lines(result.stdout, "workerpool0-0"))
     # The job came back at the step of the last backup saved before the preemption.
     before, after = chief.split("resumed from backup", 1)
@@ -140,21 +151,102 @@ def test_a_preempted_worker_restarts_the_job_which_resumes_from_its_backup(engin
 HANDWRITTEN_POOL = {"machineSpec": {"machineType": "e2-standard-4"}, "replicaCount": 1}
 
 
-def test_a_configuration_error_is_restarted_as_vertex_would_then_fails_with_its_one_line(engine, cpu_image, tmp_path):
-    spec = {"displayName": "bad-flag", "jobSpec": {"workerPoolSpecs": [{
-        **HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "args": [*TRAINING, "--epochs", "0"]}}]}}
-    # Vertex allows 5 restarts of a replica, then 3 of the whole job: 24 runs of about 10 s each
-    # here (the engine's start-up). The same rule with 2 and 1 makes 6.
-    result = run_local(engine, tmp_path, spec, "--replica-restarts", "2", "--job-retries", "1")
+def test_a_configuration_error_fails_the_job_at_once_with_its_one_line(engine, cpu_image, tmp_path):
+    """A non-zero exit is a "User code exception", a permanent error: Vertex shuts the job down."""
+    spec = {"displayName": "bad-flag", "jobSpec": {"workerPoolSpecs": [
+        {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "args": [*TRAINING, "--epochs", "0"]}},
+        {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}}]}}
+    result = run_local(engine, tmp_path, spec)
     assert result.returncode == 2, result.stdout[-3000:]
     error = "python -m trainer.task: error: argument --epochs: must be positive, got 0 (--help lists the flags)"
-    assert summary(result.stdout) == {"workerpool0-0": ([2] * 6, 5)}
-    assert lines(result.stdout, "workerpool0-0") == [error] * 6  # each run, one line
-    notes = lines(result.stdout, "local-run")
-    assert sum(n.startswith("restarting the whole job (retry 1 of 1)") for n in notes) == 1
-    assert sum(n == "workerpool0-0 exited 2: restarting it on the same machine" for n in notes) == 4
+    assert summary(result.stdout)["workerpool0-0"] == ([2], 0)
+    assert summary(result.stdout)["workerpool1-0"][1] == 0  # stopped, not restarted
+    assert lines(result.stdout, "workerpool0-0") == [error]
     assert lines(result.stdout, "local-run", "ERROR")[-1] == (
         f"JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 2. Last error: {error}")
+    assert not [n for n in lines(result.stdout, "local-run") if "restarting" in n]
+    assert leftovers(engine) == []
+
+
+def test_a_crash_that_could_be_transient_restarts_the_whole_job(engine, base_image, tmp_path):
+    """SIGSEGV (exit 139) is one of the "exit codes that could be transient": the job is retried."""
+    spec = {"jobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
+        "imageUri": base_image, "command": ["sh", "-c", "echo crashing >&2; sh -c 'kill -SEGV $$'; exit $?"]}}]}}
+    result = run_local(engine, tmp_path, spec, "--job-retries", "2")
+    assert result.returncode == 139, result.stdout[-3000:]
+    assert summary(result.stdout) == {"workerpool0-0": ([139] * 3, 2)}
+    notes = lines(result.stdout, "local-run", "WARNING")
+    assert [n.rsplit("(", 1)[1] for n in notes if "restarting the whole job" in n] == ["retry 1 of 2)", "retry 2 of 2)"]
+    assert lines(result.stdout, "local-run", "ERROR")[-1].startswith(
+        "JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 139. Last error: crashing (possibly "
+        "transient); the job was already restarted 2 times")
+    assert leftovers(engine) == []
+
+
+def sh_job(image: str, chief: str, worker: str, **scheduling) -> dict:
+    job = {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {"imageUri": image, "command": ["sh", "-c", chief]}},
+                               {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": image, "command": ["sh", "-c", worker]}}]}
+    return {"jobSpec": {**job, **({"scheduling": scheduling} if scheduling else {})}}
+
+
+# Each run of a replica says which machine (container) it is on: the disk it finds is new or kept.
+ANNOUNCE = "test -e /tmp/been-here && echo same disk || echo new disk; touch /tmp/been-here; echo host $(hostname); "
+
+
+@pytest.mark.parametrize("restart_all", [False, True])
+def test_maintenance_brings_a_replica_back_on_another_machine_under_its_name(engine, base_image, tmp_path, restart_all):
+    # (A shell that is a container's first process ignores SIGTERM unless it traps it.)
+    spec = sh_job(base_image, ANNOUNCE + "trap 'exit 143' TERM; sleep 25 & wait",
+                  ANNOUNCE + "echo ready; trap 'exit 143' TERM; sleep 600 & wait",
+                  **({"restartJobOnWorkerRestart": True} if restart_all else {}))
+    result = run_local(engine, tmp_path, spec, "--maintenance", "workerpool1-0@/ready/")
+    assert result.returncode == 0, result.stdout[-3000:]
+    worker = lines(result.stdout, "workerpool1-0", "INFO")
+    assert worker[:2] == ["new disk", "host workerpool1-0"] and worker[3:5] == ["new disk", "host workerpool1-0"], worker
+    chief = lines(result.stdout, "workerpool0-0", "INFO")
+    notes = lines(result.stdout, "local-run", "WARNING")
+    if restart_all:  # every replica restarts with it; the chief keeps its machine
+        assert "workerpool1-0 restarted on another machine: restarting every replica (restartJobOnWorkerRestart)" in notes
+        assert chief == ["new disk", "host workerpool0-0", "same disk", "host workerpool0-0"], chief
+    else:  # only the worker: the chief runs on
+        assert "workerpool1-0 restarted on another machine" in notes
+        assert chief == ["new disk", "host workerpool0-0"], chief
+    assert lines(result.stdout, "local-run", "INFO")[-1].startswith("JOB_STATE_SUCCEEDED")
+    assert leftovers(engine) == []
+
+
+def test_a_worker_that_finishes_first_stays_finished(engine, base_image, tmp_path):
+    spec = sh_job(base_image, "sleep 8; echo chief done", "echo worker done")
+    result = run_local(engine, tmp_path, spec)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert summary(result.stdout) == {"workerpool0-0": ([0], 0), "workerpool1-0": ([0], 0)}
+
+
+@pytest.mark.parametrize("pool", [0, 1])
+def test_an_image_the_engine_cannot_find_ends_the_job_at_once_with_one_line(engine, cpu_image, tmp_path, pool):
+    missing = "localhost/cassava-no-such-image:missing"
+    pools = [{**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}},
+             {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}}]
+    pools[pool]["containerSpec"]["imageUri"] = missing
+    result = run_local(engine, tmp_path, {"jobSpec": {"workerPoolSpecs": pools}})
+    assert result.returncode == 125, result.stdout[-3000:]
+    [failed] = lines(result.stdout, "local-run", "ERROR")
+    assert failed.startswith(f"JOB_STATE_FAILED: workerpool{pool}-0: the engine could not run {missing}: "), failed
+    assert len(failed) > len(f"JOB_STATE_FAILED: workerpool{pool}-0: the engine could not run {missing}: ") + 10  # its message
+    assert not [n for n in lines(result.stdout, "local-run") if "restarting" in n]
+    assert leftovers(engine) == []
+
+
+def test_a_command_that_cannot_start_is_an_engine_error_not_the_replicas(engine, cpu_image, tmp_path):
+    spec = {"jobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
+        "imageUri": cpu_image, "command": ["no-such-command-in-the-image"]}}]}}
+    result = run_local(engine, tmp_path, spec)
+    assert result.returncode == 125, result.stdout[-3000:]
+    [failed] = lines(result.stdout, "local-run", "ERROR")
+    assert failed.startswith(f"JOB_STATE_FAILED: workerpool0-0: the engine could not run {cpu_image}: ") and \
+        "no-such-command-in-the-image" in failed, failed
+    assert lines(result.stdout, "workerpool0-0") == []  # the engine's complaint is not shown as the replica's
+    assert summary(result.stdout)["workerpool0-0"][1] == 0
     assert leftovers(engine) == []
 
 
@@ -213,28 +305,140 @@ def test_a_handwritten_custom_job_runs_unchanged_with_vertex_environment(engine,
     assert leftovers(engine) == []
 
 
-def test_ctrl_c_removes_every_container_network_and_server(engine, cpu_image, tmp_path):
-    tool, env = engine
-    servers_before = set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split())
-    spec = dry_run("vertex", "--workers", "1", "--base-output-dir", "gs://vx-stop/job", "--",
-                   *TRAINING, "--epochs", "50", image=cpu_image)
+def interrupted_run(engine, tmp_path, spec: dict, when: str, count: int = 1) -> str:
+    """Runs the spec and sends Ctrl-C once `count` lines containing `when` have shown; returns the rest."""
+    tool, _ = engine
     (tmp_path / "job.json").write_text(json.dumps(spec))
     runner = subprocess.Popen([PYTHON, "-m", "scripts.submit_job", "local", "--engine", tool, "--spec",
-                               str(tmp_path / "job.json")], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+                               str(tmp_path / "job.json")], cwd=REPO, env=user_env(), stdout=subprocess.PIPE, text=True)
     try:
+        seen = 0
         for line in runner.stdout:
-            if "trainer: epoch 1/50 begins" in line:
+            seen += when in line
+            if seen == count:
                 runner.send_signal(signal.SIGINT)
                 break
         rest = runner.stdout.read()
+        # Replicas get their grace (10 s) to stop; nothing waits for them to finish their work.
         assert runner.wait(timeout=120) == 130, rest[-3000:]
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert "interrupted: removing the job's containers and networks" in rest
+    return rest
+
+
+def fake_gcs_servers() -> set[str]:
+    return set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split())
+
+
+def test_ctrl_c_removes_every_container_network_and_server(engine, cpu_image, tmp_path):
+    servers_before = fake_gcs_servers()
+    spec = dry_run("vertex", "--workers", "1", "--base-output-dir", "gs://vx-stop/job", "--",
+                   *TRAINING, "--epochs", "50", image=cpu_image)
+    rest = interrupted_run(engine, tmp_path, spec, "trainer: epoch 1/50 begins")
+    assert "interrupted: stopping and removing the job's containers and networks" in rest
     assert leftovers(engine) == []
-    servers_after = set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split())
-    assert servers_after <= servers_before  # the runner's own server is gone
+    assert fake_gcs_servers() <= servers_before  # the runner's own server is gone
+
+
+def test_ctrl_c_during_tuning_stops_the_running_trials_instead_of_waiting_for_them(engine, base_image, tmp_path):
+    busy = "echo started; trap 'exit 143' TERM; sleep 900 & wait"
+    spec = {"displayName": "study", "maxTrialCount": 4, "parallelTrialCount": 2,
+            "studySpec": {"metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}], "parameters": [
+                {"parameterId": "learning-rate", "doubleValueSpec": {"minValue": 0.001, "maxValue": 0.1}}]},
+            "trialJobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
+                "imageUri": base_image, "command": ["sh", "-c", busy]}}]}}
+    rest = interrupted_run(engine, tmp_path, spec, " INFO    started", count=2)
+    assert "interrupted: stopping and removing the job's containers and networks" in rest
+    assert "trial 3:" not in rest  # no trial starts once interrupted
+    assert leftovers(engine) == []
+
+
+PROBE = """
+import os, socket, sys, time, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["https_proxy"])
+print("proxy", proxy.hostname, proxy.port, flush=True)
+
+def connect(target):
+    with socket.create_connection((proxy.hostname, proxy.port), timeout=30) as client:
+        client.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+        return client.recv(4096).split(b" ")[1].decode()
+
+service = int(sys.argv[1])
+print("through the proxy to this machine's loopback service:", connect(f"127.0.0.1:{service}"), flush=True)
+print("through the proxy to the metadata server:", connect("169.254.169.254:80"), flush=True)
+try:
+    socket.create_connection((proxy.hostname, service), timeout=10).close()
+    print("directly to the service: open", flush=True)
+except OSError:
+    print("directly to the service: closed", flush=True)
+idle = socket.create_connection((proxy.hostname, proxy.port))  # connects and sends nothing
+import tensorflow as tf
+print("gs:// while a client sits idle:", tf.io.gfile.GFile("gs://vx-probe/staged.txt").read(), flush=True)
+time.sleep(20)  # while the test knocks from outside the job's network
+"""
+
+
+def test_from_inside_a_replica_the_proxy_reaches_cloud_storage_and_nothing_of_this_machine(engine, cpu_image, tmp_path):
+    """The images a rehearsal runs are not trusted: through the proxy they reach Cloud Storage,
+    not a service that listens on this machine's loopback, nor the metadata server; an idle client
+    stalls nobody; and a client from outside the job's networks is refused."""
+    service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=service.serve_forever, daemon=True).start()
+    staged = tmp_path / "staged.txt"
+    staged.write_text("answered")
+    spec = {"jobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
+        "imageUri": cpu_image, "command": ["python", "-c", PROBE, str(service.server_address[1])]}}]}}
+    (tmp_path / "job.json").write_text(json.dumps(spec))
+    tool, _ = engine
+    runner = subprocess.Popen([PYTHON, "-m", "scripts.submit_job", "local", "--engine", tool, "--spec",
+                               str(tmp_path / "job.json"), "--stage", f"{staged}=gs://vx-probe"],
+                              cwd=REPO, env=user_env(), stdout=subprocess.PIPE, text=True)
+    outside = None
+    try:
+        output = []
+        for line in runner.stdout:
+            output.append(line)
+            found = re.search(r"INFO +proxy (\S+) (\d+)$", line)
+            if found:
+                gateway, port = found.group(1), int(found.group(2))
+                outside = outside_client(gateway, port)
+        output.append(runner.stdout.read())
+        assert runner.wait(timeout=300) == 0, "".join(output)[-3000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        service.shutdown()
+        service.server_close()
+    output = "".join(output)
+    said = lines(output, "workerpool0-0", "INFO")
+    assert "through the proxy to this machine's loopback service: 403" in said, said
+    assert "through the proxy to the metadata server: 403" in said
+    assert "directly to the service: closed" in said
+    assert "gs:// while a client sits idle: answered" in said
+    notes = lines(output, "local-run", "WARNING")
+    assert any(n.startswith(f"refused CONNECT 127.0.0.1:{service.server_address[1]} from ") for n in notes), notes
+    if outside is not None:
+        address, reply = outside
+        assert reply == b"", reply  # closed before anything was read
+        assert any(n.startswith(f"refused a connection to the Cloud Storage proxy from {address}") for n in notes), notes
+    assert leftovers(engine) == []
+
+
+def outside_client(gateway: str, port: int) -> tuple[str, bytes] | None:
+    """Knocks on the job network's proxy from an address of this machine outside that network, as
+    a host of the local network would: (the address, what the proxy answered)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # the address that faces the network (no packet is sent)
+        address = probe.getsockname()[0]
+    finally:
+        probe.close()
+    if address.startswith("127."):
+        return None
+    with socket.create_connection((gateway, port), timeout=30, source_address=(address, 0)) as client:
+        client.sendall(b"CONNECT storage.googleapis.com:443 HTTP/1.1\r\n\r\n")
+        return address, client.recv(4096)
 
 
 @pytest.mark.parametrize("bad", ["workerpool9-0@10", "workerpool1-0@soon", "workerpool1-5@10"])
@@ -257,7 +461,7 @@ def test_scheduling_timeout_ends_the_job(engine, cpu_image, tmp_path):
 def test_real_cloud_storage_mounts_the_users_credentials_as_gcloud_local_run_does(engine, cpu_image, tmp_path):
     """--real-gcs: no local server and no proxy; the Application Default Credentials file is
     mounted where `gcloud ai custom-jobs local-run` mounts it. (Nothing here reaches Google.)"""
-    tool, env = engine
+    tool, _ = engine
     key = tmp_path / "adc.json"
     key.write_text('{"type": "authorized_user", "note": "test"}')
     show = "cat \"$GOOGLE_APPLICATION_CREDENTIALS\"; echo; echo proxy=${https_proxy:-none}; test -d /gcs && echo gcs || echo no-gcs"
@@ -266,7 +470,7 @@ def test_real_cloud_storage_mounts_the_users_credentials_as_gcloud_local_run_doe
     (tmp_path / "job.json").write_text(json.dumps(spec))
     result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", tool, "--real-gcs",
                              "--spec", str(tmp_path / "job.json")], cwd=REPO, capture_output=True, text=True,
-                            env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(key)}, timeout=300)
+                            env=user_env(GOOGLE_APPLICATION_CREDENTIALS=str(key)), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert lines(result.stdout, "workerpool0-0", "INFO") == [key.read_text(), "proxy=none", "no-gcs"]
     assert "Cloud Storage: Google's, with your Application Default Credentials" in result.stdout

@@ -21,15 +21,33 @@ def test_every_replica_is_named_and_told_its_cluster_as_vertex_tells_it():
     worker = environments["workerpool1-1"]
     cluster_spec = json.loads(worker["CLUSTER_SPEC"])
     assert cluster_spec["task"] == {"type": "workerpool1", "index": 1}
-    assert json.loads(cluster_spec["job"]) == job["jobSpec"]  # a string holding the job's spec
-    assert json.loads(worker["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+    assert cluster_spec["job"] == job["jobSpec"]  # "the CustomJobSpec ... represented as a dictionary"
+    tf_config = json.loads(worker["TF_CONFIG"])
+    assert tf_config["task"] == {"type": "worker", "index": 1} and tf_config["job"] == job["jobSpec"]
+    # The evaluator is told its task, but "evaluators are not considered part of the training cluster".
+    assert set(tf_config["cluster"]) == {"chief", "worker", "ps"} and "workerpool3" in cluster_spec["cluster"]
+    assert json.loads(environments["workerpool3-0"]["TF_CONFIG"])["task"] == {"type": "evaluator", "index": 0}
     assert worker["AIP_MODEL_DIR"] == "gs://bkt/base/model/" and worker["CLOUD_ML_JOB_ID"] == "123"
+    assert worker["CLOUD_ML_PROJECT_ID"].isdigit()  # a project number, as Vertex gives it
     assert "CLOUD_ML_TRIAL_ID" not in worker
     for name, env in environments.items():  # the trainer reads each of them to the same task
         from_tf_config = resolve({"TF_CONFIG": env["TF_CONFIG"]})
         from_cluster_spec = resolve({"CLUSTER_SPEC": env["CLUSTER_SPEC"]})
         assert (from_tf_config.task_type, from_tf_config.task_index) == (
             from_cluster_spec.task_type, from_cluster_spec.task_index), name
+
+
+def test_a_single_replica_job_gets_a_cluster_spec_and_no_tf_config():
+    single = jobspec.vertex_custom_job(jobspec.build_request(
+        name="one", strategy="mwms", workers=1, ps=0, evaluator=False, image_uri="img:1", gpu_image_uri=None,
+        machine_type="n1-standard-4", accelerator_type=None, accelerator_count=0, ps_machine_type="n1-standard-4",
+        evaluator_machine_type=None))
+    single["jobSpec"]["workerPoolSpecs"] = single["jobSpec"]["workerPoolSpecs"][:1]
+    env = local_job.replica_environments(single["jobSpec"], "9")["workerpool0-0"]
+    assert "TF_CONFIG" not in env  # "Vertex AI does not set TF_CONFIG for single-replica training jobs"
+    assert json.loads(env["CLUSTER_SPEC"])["cluster"] == {"workerpool0": ["workerpool0-0:2222"]}
+    cluster = resolve(env)  # the trainer then trains as one process
+    assert cluster.is_chief and not cluster.is_distributed and cluster.source == "CLUSTER_SPEC"
 
 
 def test_a_trial_gets_its_id_and_its_own_directories():
@@ -100,19 +118,25 @@ def test_preemptions_are_read(text, expected):
 
 
 @pytest.mark.parametrize("text", ["chief@10", "workerpool1-0", "workerpool1-0@", "workerpool1-0@//", "workerpool1-0@/[/"])
-def test_a_wrong_preemption_is_refused(text):
-    with pytest.raises(local_job.JobError, match="REPLICA@SECONDS"):
-        local_job.parse_preemption(text)
+@pytest.mark.parametrize("kind, option", [(local_job.SPOT, "--preempt"), ("maintenance", "--maintenance")])
+def test_a_wrong_preemption_is_refused(text, kind, option):
+    with pytest.raises(local_job.JobError, match=f"^{option} takes REPLICA@SECONDS"):
+        local_job.parse_preemption(text, kind)
 
 
-def test_the_compose_file_has_vertex_names_environment_and_restarts():
+def test_maintenance_is_its_own_kind_of_event():
+    assert local_job.parse_preemption("workerpool1-0@5").kind == local_job.SPOT
+    assert local_job.parse_preemption("workerpool1-0@5", "maintenance").kind == "maintenance"
+
+
+def test_the_compose_file_has_vertex_names_and_environment_and_no_restarts():
     job = jobspec.vertex_custom_job(REQUEST)["jobSpec"]
     compose = local_job.compose_file(job, "42")
     assert list(compose["services"]) == ["workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0", "workerpool3-0"]
     service = compose["services"]["workerpool2-0"]
     assert service["networks"]["job"]["aliases"] == ["workerpool2-0"] and service["hostname"] == "workerpool2-0"
     assert service["environment"] == local_job.replica_environments(job, "42")["workerpool2-0"]
-    assert service["restart"] == f"on-failure:{local_job.REPLICA_RESTARTS}"
+    assert service["restart"] == "no"  # a replica's failure fails the job on Vertex: compose cannot say that
     assert service["command"] == ["--strategy", "parameter_server", "--epochs", "2"]
 
 
