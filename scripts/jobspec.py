@@ -1,15 +1,28 @@
-"""Job specs for Vertex AI, AI Platform Training and Kubeflow, as plain dicts, from one request.
+"""Job specs for Vertex AI, AI Platform Training, Kubeflow TFJob and JobSet, as plain dicts, from
+one request.
 
 Pure functions: no cloud SDK, no network. `scripts/submit_job.py` prints or submits what these
 build; the tests load them into each platform's own schema. `cluster_environments` derives the
-TF_CONFIG / CLUSTER_SPEC each replica would be given, as each platform sets them, so the specs
-can be checked against `trainer.cluster` without running anything.
+TF_CONFIG / CLUSTER_SPEC each replica would be given, as each platform sets them (for a JobSet,
+each pod's whole environment as Kubernetes builds it, `jobset_pods`), so the specs can be checked
+against `trainer.cluster` without running anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import re
+import sys
+import uuid
+
+try:
+    from trainer import cluster as trainer_cluster  # imports no TensorFlow
+except ImportError:  # python scripts/submit_job.py puts scripts/, not the repo root, on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from trainer import cluster as trainer_cluster
 
 # Which accelerators each machine family can take (Vertex AI / Compute Engine).
 ACCELERATORS_BY_FAMILY = {
@@ -269,6 +282,11 @@ def ai_platform_config(request: JobRequest, region: str, tuning: Tuning | None =
 TFJOB_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 
 
+# Printed above the TFJob: what it needs, and where new clusters should go instead.
+TFJOB_HEADER = ("# Kubeflow training-operator v1 (TFJob), maintained only on its release-1.9 branch; for new\n"
+                "# clusters use `submit_job.py jobset`. Apply with: kubectl apply -f FILE\n")
+
+
 def tfjob_manifest(request: JobRequest, namespace: str) -> dict:
     """A kubeflow.org/v1 TFJob. GPUs are requested as nvidia.com/gpu limits on GPU pools."""
     name = request.name.lower().replace("_", "-")
@@ -300,26 +318,299 @@ def tfjob_run_policy(request: JobRequest) -> dict:
     return policy
 
 
+# --- JobSet (jobset.x-k8s.io/v1alpha2) ------------------------------------------------------------
+
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+# The exit codes a pod may be retried after, the ones Kubeflow's `restartPolicy: ExitCode` retries
+# (training-operator's IsRetryableExitCode): 143 is trainer.exits.RETRYABLE (a lost cluster, a
+# preemption), 130/137/138 are signals (137: out of memory, or SIGKILL after the grace period).
+# Any other code (2: configuration or bad input; 1: a bug) fails the JobSet at once, as a TFJob fails.
+RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A DNS-1035 label: what Kubernetes requires of the Service (the subdomain) and the pods' hostnames.
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def jobset_header(manifest: dict) -> str:
+    """The comment printed above a JobSet: what it is and what the cluster needs to run it."""
+    queue = manifest["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL)
+    needs = "the JobSet controller (v0.7 or later)"
+    if queue:
+        needs += f" and Kueue, with a LocalQueue {queue} in namespace {manifest['metadata'].get('namespace', 'default')}"
+    return (f"# A JobSet ({JOBSET_API_VERSION}) of the cassava trainer: one Indexed Job per role; each pod finds its\n"
+            f"# cluster from its JobSet labels and JOBSET_PODS (trainer/cluster.py). Needs {needs}.\n"
+            f"# Apply with: kubectl apply -f FILE\n")
+
+
+def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = None) -> dict:
+    """A JobSet: one replicatedJob per role (chief, worker, ps, evaluator), each a single Job
+    (replicas: 1) whose pods are the role's tasks (Indexed, completions = parallelism = pods), so
+    pod i of role R has the hostname `{name}-{R}-0-{i}` and the DNS name `{name}-{R}-0-{i}.{name}`.
+    Every container gets trainer.cluster's JobSet variables; nothing else tells a pod its cluster."""
+    name = request.name.lower().replace("_", "-")
+    _check_jobset_names(name, request.pools)
+    pods = ",".join(f"{pool.role}={pool.replicas}" for pool in request.pools)
+    # The JobSet succeeds when the chief does; JobSet then deletes the Jobs still running (parameter
+    # servers and PSS workers serve until stopped). The evaluator is waited for as well: it
+    # evaluates the last checkpoint after the chief has finished, then exits by itself.
+    succeeds_with = ["chief"] + (["evaluator"] if request.pool("evaluator") else [])
+    # A Job fails for a permanent exit code through its podFailurePolicy (reason PodFailurePolicy):
+    # that fails the JobSet. Any other Job failure restarts the whole JobSet (the default action),
+    # at most maxRestarts times. BlockingRecreate starts no new pod until every old one is gone, so
+    # a new task never reaches a task of the previous attempt under the same DNS name, and every
+    # old task has written its SIGTERM backup before the new ones read it.
+    rules = [{"name": "permanentExitCode", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
+    if request.timeout_seconds:
+        rules.append({"name": "timeLimit", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]})
+    metadata: dict = {"name": name, "namespace": namespace}
+    labels = dict(request.labels)
+    if queue:
+        # Kueue's webhook suspends the JobSet on creation and resumes it when the queue admits it.
+        labels[KUEUE_QUEUE_LABEL] = queue
+    if labels:
+        metadata["labels"] = labels
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            # The webhook defaults both to true; written out because the cluster depends on them:
+            # pods are reached by DNS name, and before they are Ready (TensorFlow connects at start).
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": succeeds_with},
+            "failurePolicy": {"maxRestarts": request.max_restarts, "restartStrategy": "BlockingRecreate", "rules": rules},
+            "replicatedJobs": [{"name": pool.role, "replicas": 1, "template": _jobset_job(request, pool, pods)}
+                               for pool in request.pools],
+        },
+    }
+
+
+def jobset_container_env(pods: str) -> list[dict]:
+    """trainer.cluster's JobSet variables as a container's env: the labels through the downward
+    API, the pods of every role as a plain value. JOB_COMPLETION_INDEX is the Job controller's."""
+    env: list[dict] = [{"name": variable, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+                       for variable, label in trainer_cluster.JOBSET_LABEL_ENV.items()]
+    env.append({"name": trainer_cluster.JOBSET_PODS, "value": pods})
+    return env
+
+
+def _jobset_job(request: JobRequest, pool: Pool, pods: str) -> dict:
+    """The Job template of one role."""
+    args = list(request.trainer_args)
+    if request.base_output_dir and "--model-dir" not in args:
+        args += ["--model-dir", f"{request.base_output_dir.rstrip('/')}/model"]
+    container: dict = {"name": "trainer", "image": pool.image_uri, "args": args,
+                       "ports": [{"name": "tf", "containerPort": trainer_cluster.TF_PORT, "protocol": "TCP"}],
+                       "env": jobset_container_env(pods)}
+    if pool.accelerator_type:
+        container["resources"] = {"limits": {"nvidia.com/gpu": pool.accelerator_count}}
+    # restartPolicy Never: a failed pod is replaced by a new one with the same index, and so the same
+    # hostname, and podFailurePolicy (which needs Never) can judge its exit code.
+    pod_spec: dict = {"restartPolicy": "Never", "containers": [container]}
+    if request.service_account:
+        pod_spec["serviceAccountName"] = request.service_account
+    if request.spot:
+        pod_spec["nodeSelector"] = {GKE_SPOT_LABEL: "true"}
+        pod_spec["tolerations"] = [{"key": GKE_SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
+    # A PSS worker or the evaluator can be replaced alone: the coordinator moves a lost worker's
+    # functions to the others and takes the new one back under the same DNS name, and the evaluator
+    # only reads checkpoints. Their pods are replaced up to max-restarts times, and a pod stopped by
+    # a preemption, an eviction or a drain (condition DisruptionTarget) is not counted. Any other
+    # task cannot rejoin alone (an MWMS collective, the coordinator, a parameter server's variables),
+    # so its first failure fails its Job and the JobSet restarts whole; a disruption counts as
+    # that failure rather than ever being taken for a permanent exit code.
+    alone = pool.role == "evaluator" or (request.strategy == "pss" and pool.role == "worker")
+    job_spec: dict = {
+        "completionMode": "Indexed",
+        "completions": pool.replicas,
+        "parallelism": pool.replicas,
+        "backoffLimit": request.max_restarts if alone else 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore" if alone else "Count",
+             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": list(RETRYABLE_EXIT_CODES)}},
+        ]},
+        "template": {"spec": pod_spec},
+    }
+    if request.timeout_seconds:
+        # JobSet v1alpha2 has no JobSet-wide time limit, so each Job has one; it counts from the
+        # Job's start, and so starts over when the JobSet restarts (the failure rule "timeLimit"
+        # makes the first expiry final).
+        job_spec["activeDeadlineSeconds"] = request.timeout_seconds
+    return {"spec": job_spec}
+
+
+def _check_jobset_names(name: str, pools) -> None:
+    """JobSet's webhook rejects a JobSet whose name is not a DNS label or whose longest pod name,
+    `{name}-{role}-0-{index}-` plus 5 random characters, passes 63 characters."""
+    if not _DNS_LABEL.fullmatch(name):
+        raise SpecError(f"--name {name}: a JobSet name must start with a letter and hold only lowercase letters, "
+                        "digits and '-' (it becomes the pods' DNS subdomain)")
+    longest = max((f"{name}-{pool.role}-0-{pool.replicas - 1}-abcde" for pool in pools), key=len)
+    if len(longest) > 63:
+        raise SpecError(f"--name {name}: too long for a JobSet, pod names such as {longest[:-5]}xxxxx would pass "
+                        f"63 characters; use at most {63 - (len(longest) - len(name))}")
+
+
+def jobset_pods(manifest: dict) -> list[dict]:
+    """Every pod of a JobSet manifest as Kubernetes would create it, read from the manifest alone
+    (generated or written by hand): JobSet's Jobs `{jobset}-{replicatedJob}-{jobIndex}` and the
+    labels and annotations it puts on their pods, the Indexed Job controller's hostname, completion
+    index and JOB_COMPLETION_INDEX, and each container's environment with every downward-API
+    fieldRef resolved against those labels, `$(VAR)` expanded, and HOSTNAME as the runtime sets it.
+    Each pod: {name, hostname, subdomain, namespace, replicated_job, job_index, completion_index,
+    labels, annotations, containers: [{name, image, command, args, ports, env}], env (the first
+    container's)}. `name` is JobSet's pod name; Kubernetes adds 5 random characters to it.
+    The JobSet webhook's create-time defaults apply (enableDNSHostnames true, completionMode
+    Indexed, replicas 1). Raises SpecError for what Kubernetes would refuse or leave unknowable
+    before a pod runs."""
+    metadata, spec = manifest["metadata"], manifest["spec"]
+    jobset, namespace = metadata["name"], metadata.get("namespace", "default")
+    network = spec.get("network") or {}
+    subdomain = (network.get("subdomain") or jobset) if network.get("enableDNSHostnames", True) else None
+    replicated_jobs = spec["replicatedJobs"]
+    replicas = {rjob["name"]: int(rjob.get("replicas", 1)) for rjob in replicated_jobs}
+    groups = {rjob["name"]: rjob.get("groupName", "default") for rjob in replicated_jobs}
+    jobset_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"jobset:{namespace}/{jobset}"))  # assigned by the API server
+    coordinator = spec.get("coordinator")
+    pods = []
+    global_index = 0
+    for position, rjob in enumerate(replicated_jobs):
+        rjob_name, group = rjob["name"], groups[rjob["name"]]
+        # Jobs of the same group before this replicatedJob's, for its job-group-index.
+        group_before = sum(replicas[r["name"]] for r in replicated_jobs[:position] if groups[r["name"]] == group)
+        job_spec = rjob["template"]["spec"]
+        mode = job_spec.get("completionMode", "Indexed")
+        if mode != "Indexed":
+            raise SpecError(f"replicatedJob {rjob_name}: completionMode {mode}: its pods have no index and no stable hostname")
+        if "completions" not in job_spec:
+            raise SpecError(f"replicatedJob {rjob_name}: an Indexed Job needs completions")
+        completions, parallelism = int(job_spec["completions"]), int(job_spec.get("parallelism", 1))
+        if parallelism < completions:
+            raise SpecError(f"replicatedJob {rjob_name}: parallelism {parallelism} starts only that many of its "
+                            f"{completions} pods at a time; a TensorFlow cluster needs all of them running")
+        pod_template = job_spec["template"]
+        for job_index in range(replicas[rjob_name]):
+            job_name = f"{jobset}-{rjob_name}-{job_index}"
+            jobset_keys = {
+                "jobset.sigs.k8s.io/jobset-name": jobset,
+                "jobset.sigs.k8s.io/jobset-uid": jobset_uid,
+                "jobset.sigs.k8s.io/replicatedjob-name": rjob_name,
+                "jobset.sigs.k8s.io/restart-attempt": "0",
+                "jobset.sigs.k8s.io/replicatedjob-replicas": str(replicas[rjob_name]),
+                "jobset.sigs.k8s.io/global-replicas": str(sum(replicas.values())),
+                "jobset.sigs.k8s.io/job-index": str(job_index),
+                "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),
+                "jobset.sigs.k8s.io/job-global-index": str(global_index + job_index),
+                "jobset.sigs.k8s.io/group-name": group,
+                "jobset.sigs.k8s.io/group-replicas": str(sum(n for r, n in replicas.items() if groups[r] == group)),
+                "jobset.sigs.k8s.io/job-group-index": str(group_before + job_index),
+            }
+            if coordinator:
+                jobset_keys["jobset.sigs.k8s.io/coordinator"] = (
+                    f"{jobset}-{coordinator['replicatedJob']}-{coordinator.get('jobIndex', 0)}-"
+                    f"{coordinator.get('podIndex', 0)}.{network.get('subdomain') or jobset}")
+            job_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"job:{namespace}/{job_name}"))
+            for index in range(completions):
+                hostname = f"{job_name}-{index}"
+                template_metadata = pod_template.get("metadata") or {}
+                labels = {**(template_metadata.get("labels") or {}), **jobset_keys,
+                          "batch.kubernetes.io/controller-uid": job_uid, "batch.kubernetes.io/job-name": job_name,
+                          "controller-uid": job_uid, "job-name": job_name,
+                          "batch.kubernetes.io/job-completion-index": str(index)}
+                annotations = {**(template_metadata.get("annotations") or {}), **jobset_keys,
+                               "batch.kubernetes.io/job-completion-index": str(index)}
+                pod = {"name": hostname, "hostname": hostname, "subdomain": subdomain, "namespace": namespace,
+                       "replicated_job": rjob_name, "job_index": job_index, "completion_index": index,
+                       "labels": labels, "annotations": annotations}
+                pod["containers"] = [_pod_container(container, pod, pod_template["spec"])
+                                     for container in pod_template["spec"]["containers"]]
+                pod["env"] = pod["containers"][0]["env"]
+                pods.append(pod)
+        global_index += replicas[rjob_name]
+    return pods
+
+
+_FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']*)'\]")
+_ENV_REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+def _expand(text: str, variables: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: a defined variable's value, `$$` a literal `$`, anything else as is."""
+    return _ENV_REFERENCE.sub(lambda match: "$" if match.group(0) == "$$" else variables.get(match.group(1), match.group(0)),
+                              text)
+
+
+def _pod_container(container: dict, pod: dict, pod_spec: dict) -> dict:
+    """One container of `pod` with its environment, command and args as the kubelet and the runtime
+    build them."""
+    where = f"{pod['name']} container {container['name']}"
+    if container.get("envFrom"):
+        raise SpecError(f"{where}: envFrom reads ConfigMaps or Secrets, which exist only in a cluster")
+    defined: dict[str, str] = {}  # what $(VAR) may refer to: the entries before it
+    for entry in container.get("env", []):
+        if "valueFrom" in entry:
+            defined[entry["name"]] = _field_value(entry["valueFrom"], pod, pod_spec, f"{where} env {entry['name']}")
+        else:
+            defined[entry["name"]] = _expand(entry.get("value", ""), defined)
+    # The Job controller adds JOB_COMPLETION_INDEX to every container that does not define it.
+    defined.setdefault(trainer_cluster.JOB_COMPLETION_INDEX, str(pod["completion_index"]))
+    command, args = container.get("command"), container.get("args")
+    return {"name": container["name"], "image": container.get("image"),
+            "command": None if command is None else [_expand(part, defined) for part in command],
+            "args": None if args is None else [_expand(part, defined) for part in args],
+            "ports": container.get("ports", []), "env": {"HOSTNAME": pod["hostname"], **defined}}
+
+
+def _field_value(source: dict, pod: dict, pod_spec: dict, where: str) -> str:
+    """A downward-API value, as the kubelet resolves it for `pod` (a missing label gives "")."""
+    if set(source) != {"fieldRef"}:
+        raise SpecError(f"{where}: valueFrom.{next(iter(source))} is known only inside a cluster")
+    path = source["fieldRef"]["fieldPath"]
+    match = _FIELD_PATH.fullmatch(path)
+    if match:
+        return pod[match.group(1)].get(match.group(2), "")
+    known = {"metadata.name": pod["name"], "metadata.namespace": pod["namespace"],
+             "spec.serviceAccountName": pod_spec.get("serviceAccountName", "default")}
+    if path not in known:
+        raise SpecError(f"{where}: fieldRef {path} is known only once the pod runs")
+    return known[path]
+
+
 # --- What each replica is told ----------------------------------------------------------------
 
 def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
     """The cluster variables every replica of `spec` gets, as the platform would set them.
 
-    vertex: TF_CONFIG (chief/worker/ps/evaluator) and CLUSTER_SPEC (workerpool0..3);
+    vertex: CLUSTER_SPEC (workerpool0..3, the job's spec under "job") on every replica, and TF_CONFIG
+    (chief/worker/ps; an evaluator is told its task but is not in the cluster) when there is more
+    than one replica (Vertex's "Distributed training" page);
     ai-platform: CLUSTER_SPEC with `master`, TF_CONFIG with `chief` (useChiefInTfConfig);
-    tfjob: TF_CONFIG from the replica types, the evaluator left out of the cluster.
+    tfjob: TF_CONFIG from the replica types, the evaluator left out of the cluster;
+    jobset: no cluster variable; each pod's whole environment (`jobset_pods`), from which
+    trainer.cluster finds the cluster itself.
     """
     if platform == "vertex":
-        pools = spec.get("jobSpec", spec.get("trialJobSpec"))["workerPoolSpecs"]
+        job_spec = spec.get("jobSpec", spec.get("trialJobSpec"))
+        pools = job_spec["workerPoolSpecs"]
         roles = {0: "chief", 1: "worker", 2: "ps", 3: "evaluator"}
         hosts = {i: [f"workerpool{i}-{r}:2222" for r in range(int(p["replicaCount"]))] for i, p in enumerate(pools) if p}
-        tf_cluster = {roles[i]: h for i, h in hosts.items()}
+        # TF_CONFIG's cluster "never contains evaluator as a key"; CLUSTER_SPEC lists every pool.
+        tf_cluster = {roles[i]: h for i, h in hosts.items() if roles[i] != "evaluator"}
         pool_cluster = {f"workerpool{i}": h for i, h in hosts.items()}
-        return [
-            {"TF_CONFIG": json.dumps({"cluster": tf_cluster, "task": {"type": roles[i], "index": r}, "environment": "cloud"}),
-             "CLUSTER_SPEC": json.dumps({"cluster": pool_cluster, "task": {"type": f"workerpool{i}", "index": r}, "environment": "cloud"})}
-            for i, h in hosts.items() for r in range(len(h))
-        ]
+        # "Vertex AI does not set TF_CONFIG for single-replica training jobs."
+        distributed = sum(len(h) for h in hosts.values()) > 1
+        environments = []
+        for i, pool_hosts in hosts.items():
+            for r in range(len(pool_hosts)):
+                env = {"CLUSTER_SPEC": json.dumps({"cluster": pool_cluster, "environment": "cloud",
+                                                   "task": {"type": f"workerpool{i}", "index": r}, "job": job_spec})}
+                if distributed:
+                    env["TF_CONFIG"] = json.dumps({"cluster": tf_cluster, "environment": "cloud",
+                                                   "task": {"type": roles[i], "index": r}, "job": job_spec})
+                environments.append(env)
+        return environments
     if platform == "ai-platform":
         training = spec["trainingInput"]
         counts = {"master": 1}
@@ -346,4 +637,6 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
         cluster = {rtype: h for rtype, h in hosts.items() if rtype != "evaluator"}
         return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"})}
                 for rtype, h in hosts.items() for i in range(len(h))]
+    if platform == "jobset":
+        return [pod["env"] for pod in jobset_pods(spec)]
     raise ValueError(f"unknown platform {platform!r}")

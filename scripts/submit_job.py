@@ -4,6 +4,7 @@
     python scripts/submit_job.py vertex      [options] [--dry-run] [-- TRAINER_ARGS]
     python scripts/submit_job.py hptune      [options] [--dry-run] [-- TRAINER_ARGS]
     python scripts/submit_job.py ai-platform [options]              [-- TRAINER_ARGS]
+    python scripts/submit_job.py jobset      [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py tfjob       [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] vertex|hptune [options] [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] --spec JOB.json
@@ -13,8 +14,11 @@ replica, as Vertex AI would run it (scripts/local_job.py); it needs docker or po
 
 --dry-run prints the spec (JSON for Vertex AI, YAML for the others) with no credentials and no
 network. Without it, `vertex` and `hptune` submit through google-cloud-aiplatform and print the
-job's resource name and console link; `ai-platform` and `tfjob` always print, for
+job's resource name and console link; `ai-platform`, `jobset` and `tfjob` always print, for
 `gcloud ai-platform jobs submit training --config` and `kubectl apply -f`.
+`jobset` is Kubernetes' own: a JobSet (jobset.x-k8s.io/v1alpha2, the JobSet controller), whose
+pods find their cluster themselves (trainer/cluster.py). `tfjob` is for clusters that still run
+Kubeflow training-operator 1.9, maintained only on its release-1.9 branch.
 An inconsistent request is one line on stderr and exit code 2.
 Needs the `submit` extra (pip install '.[submit]'); the training images never carry it.
 """
@@ -44,12 +48,14 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scripts/submit_job.py", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "tfjob"))
+    parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "jobset", "tfjob"),
+                        help="jobset: a Kubernetes JobSet (new clusters); tfjob: a Kubeflow TFJob, for clusters that "
+                        "still run training-operator 1.9 (maintained only on its release-1.9 branch)")
     parser.add_argument("--dry-run", action="store_true", help="print the spec; no credentials, no network")
     parser.add_argument("--self-check", action="store_true",
                         help="vertex: instead of training, run `python -m trainer.selfcheck` on one replica of the "
                         "chief's machine, GPUs and image (arguments after -- go to the self-check)")
-    parser.add_argument("--name", default="cassava-multiworker", help="display name / TFJob name")
+    parser.add_argument("--name", default="cassava-multiworker", help="display name / JobSet or TFJob name")
     parser.add_argument("--strategy", choices=("mwms", "pss"), default="mwms")
     parser.add_argument("--workers", type=int, default=1, help="replicas besides the chief")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (pss)")
@@ -67,15 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--network", default=None, help="projects/NUMBER/global/networks/NAME for VPC peering")
     parser.add_argument("--labels", type=parse_labels, default=(), help="key=value,key=value")
     faults = parser.add_argument_group("faults")
-    faults.add_argument("--spot", action="store_true", help="vertex/hptune: run on Spot VMs (scheduling.strategy SPOT)")
+    faults.add_argument("--spot", action="store_true",
+                        help="vertex/hptune: run on Spot VMs (scheduling.strategy SPOT); jobset: on GKE Spot nodes "
+                        "(nodeSelector and toleration cloud.google.com/gke-spot)")
     faults.add_argument("--timeout", type=int, default=None, metavar="SECONDS",
                         help="stop the job after this long (Vertex scheduling.timeout, AI Platform maxRunningTime, "
-                        "TFJob activeDeadlineSeconds)")
+                        "TFJob activeDeadlineSeconds; JobSet: each Job's activeDeadlineSeconds, counted again "
+                        "after a restart of the JobSet)")
     faults.add_argument("--max-restarts", type=int, default=jobspec.DEFAULT_MAX_RESTARTS,
-                        help="tfjob: runPolicy.backoffLimit, the pod restarts allowed before the job fails")
+                        help="tfjob: runPolicy.backoffLimit, the pod restarts allowed before the job fails; jobset: "
+                        "failurePolicy.maxRestarts, the restarts of the whole JobSet, and the replacements each PSS "
+                        "worker or evaluator Job may make of its pods")
     parser.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"), help="for submitting")
     parser.add_argument("--region", default="us-central1")
-    parser.add_argument("--namespace", default="default", help="tfjob namespace")
+    parser.add_argument("--namespace", default="default", help="jobset/tfjob namespace")
+    parser.add_argument("--queue", default=None, metavar="LOCALQUEUE",
+                        help="jobset: the Kueue LocalQueue that admits the JobSet (label kueue.x-k8s.io/queue-name)")
     tuning = parser.add_argument_group("tuning (hptune; ai-platform with --tune)")
     tuning.add_argument("--tune", action="store_true", help="ai-platform: add a hyperparameters block")
     tuning.add_argument("--metric", default="accuracy", help="the tag trainer.task reports (--hypertune-metric)")
@@ -116,6 +129,8 @@ def build_spec(args) -> tuple[str, dict]:
     tuning = jobspec.Tuning(args.metric, args.goal, args.max_trials, args.parallel_trials, (low, high), batch_sizes)
     if args.self_check and args.target != "vertex":
         raise jobspec.SpecError("--self-check is for the vertex target")
+    if args.queue and args.target != "jobset":
+        raise jobspec.SpecError("--queue is for the jobset target")
     if args.target == "vertex":
         if args.self_check:
             # The args after -- are the self-check's own, untouched by the strategy.
@@ -125,7 +140,18 @@ def build_spec(args) -> tuple[str, dict]:
         return "json", jobspec.vertex_tuning_job(request, tuning)
     if args.target == "ai-platform":
         return "yaml", jobspec.ai_platform_config(request, args.region, tuning if args.tune else None)
+    if args.target == "jobset":
+        return "yaml", jobspec.jobset_manifest(request, args.namespace, args.queue)
     return "yaml", jobspec.tfjob_manifest(request, args.namespace)
+
+
+def yaml_header(spec: dict) -> str:
+    """The comment lines printed above a Kubernetes manifest: what it is and what it needs."""
+    if spec.get("kind") == "JobSet":
+        return jobspec.jobset_header(spec)
+    if spec.get("kind") == "TFJob":
+        return jobspec.TFJOB_HEADER
+    return ""
 
 
 def submit(target: str, spec: dict, project: str | None, region: str) -> None:
@@ -159,11 +185,21 @@ def build_local_parser() -> argparse.ArgumentParser:
                         help="copy local files into the local server's bucket before the job (repeatable)")
     parser.add_argument("--keep", metavar="DIR", help="after the job, copy the local server's buckets to DIR/BUCKET/")
     parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS",
-                        help="a Spot preemption of REPLICA (e.g. workerpool1-0) SECONDS after the start (repeatable)")
+                        help="a Spot preemption of REPLICA (e.g. workerpool1-0) SECONDS after the start, or REPLICA@/REGEX/ "
+                        "when it prints a matching line: the job fails with STOCKOUT and restarts whole (repeatable)")
+    parser.add_argument("--maintenance", action="append", default=[], metavar="REPLICA@SECONDS",
+                        help="VM maintenance on REPLICA, as --preempt: it alone comes back on another machine "
+                        "(every replica with restartJobOnWorkerRestart) (repeatable)")
     parser.add_argument("--replica-restarts", type=int, default=local_job.REPLICA_RESTARTS,
-                        help="restarts of a replica that exits non-zero before the whole job restarts (Vertex: 5)")
+                        help="restarts of a replica after maintenance before the whole job is retried (Vertex: 5)")
     parser.add_argument("--job-retries", type=int, default=local_job.JOB_RETRIES,
-                        help="restarts of the whole job before it fails (Vertex: 3)")
+                        help="retries of the whole job after a possibly transient exit (SIGABRT, SIGSEGV) (Vertex: 3)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                        help="a host the replicas may reach through the proxy besides Cloud Storage, e.g. pypi.org "
+                        "for a job that installs packages at start (port 443 unless given; repeatable)")
+    parser.add_argument("--public-gcs", default=local_job.PUBLIC_GCS, metavar="URL",
+                        help="where objects of buckets the rehearsal does not hold are read from, anonymously "
+                        "({host} is the Google host asked); 'none' answers them as missing")
     parser.add_argument("--seed", type=int, default=0, help="tuning: the random search's seed")
     parser.add_argument("--print-compose", action="store_true",
                         help="print the job as a compose file (docker compose -f - up) and exit")
@@ -198,9 +234,12 @@ def local(argv: list[str]) -> int:
         credentials = local_job.default_credentials() if options.real_gcs else None
         print(yaml.safe_dump(local_job.compose_file(job_spec, "local", credentials), sort_keys=False), end="")
         return 0
-    return local_job.run(spec, engine=options.engine, real_gcs=options.real_gcs, preemptions=options.preempt,
+    preemptions = [local_job.parse_preemption(text) for text in options.preempt]
+    preemptions += [local_job.parse_preemption(text, "maintenance") for text in options.maintenance]
+    return local_job.run(spec, engine=options.engine, real_gcs=options.real_gcs, preemptions=preemptions,
                          stages=options.stage, keep_dir=options.keep, replica_restarts=options.replica_restarts,
-                         job_retries=options.job_retries, seed=options.seed)
+                         job_retries=options.job_retries, seed=options.seed, allow_hosts=options.allow_host,
+                         public_gcs=None if options.public_gcs == "none" else options.public_gcs)
 
 
 def main(argv=None) -> int:
@@ -219,13 +258,13 @@ def main(argv=None) -> int:
         fmt, spec = build_spec(args)
         for warning in jobspec.accelerator_warnings(build_request(args)):
             print(warning, file=sys.stderr)
-        if args.dry_run or args.target in ("ai-platform", "tfjob"):
+        if args.dry_run or args.target in ("ai-platform", "jobset", "tfjob"):
             if fmt == "json":
                 print(json.dumps(spec, indent=2))
             else:
                 import yaml
 
-                print(yaml.safe_dump(spec, sort_keys=False), end="")
+                print(yaml_header(spec) + yaml.safe_dump(spec, sort_keys=False), end="")
             return 0
         submit(args.target, spec, args.project, args.region)
     except jobspec.SpecError as error:

@@ -7,6 +7,15 @@ Every platform describes the cluster slightly differently:
 * AI Platform Training (legacy) names the chief `master` (unless useChiefInTfConfig is set) and
   adds `task.trial` during hyperparameter tuning.
 * A Kubeflow TFJob sets TF_CONFIG from its replica types (Chief, Master, Worker, PS, Evaluator).
+* A JobSet (jobset.x-k8s.io) sets no cluster variable. The trainer builds the cluster from what
+  Kubernetes gives every pod: the JobSet's name, the replicatedJob (the role) and the Job's index
+  from the pod's JobSet labels through the downward API, the pod's index in its Indexed Job
+  (JOB_COMPLETION_INDEX, set by the Job controller), the pod's hostname, and the pods of every role
+  as a plain value (JOBSET_PODS). Each role is one Job whose pods are its completions, so pod i of
+  role R is `{jobset}-{R}-0-{i}`, reachable as `{jobset}-{R}-0-{i}.{subdomain}` through the
+  JobSet's headless Service (subdomain: JOBSET_SUBDOMAIN, else the JobSet's name).
+  `JOBSET_VARIABLES` below is the one list of these variables; scripts/jobspec.py writes it into every
+  JobSet it prints, and a JobSet written by hand copies it.
 
 `resolve(environ)` turns any of these into a `Cluster`, including a normalized TF_CONFIG that
 TensorFlow accepts: `master` becomes `chief` (MultiWorkerMirroredStrategy rejects `master`) and
@@ -21,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import sys
 from typing import Any, Mapping
 
@@ -42,6 +52,24 @@ _ROLE_ALIASES = {
 # Order of the jobs in the normalized cluster, so the JSON is stable.
 _JOB_ORDER = (CHIEF, WORKER, PS)
 
+# A JobSet pod's cluster variables; JOBSET_VARIABLES is the list a JobSet spec gives each container.
+# The first three come through the downward API from the labels JobSet puts on every pod it
+# creates (there before the container starts): variable -> label.
+JOBSET_NAME, JOBSET_REPLICATED_JOB, JOBSET_JOB_INDEX = "JOBSET_NAME", "JOBSET_REPLICATED_JOB", "JOBSET_JOB_INDEX"
+JOBSET_LABEL_ENV = {
+    JOBSET_NAME: "jobset.sigs.k8s.io/jobset-name",
+    JOBSET_REPLICATED_JOB: "jobset.sigs.k8s.io/replicatedjob-name",
+    JOBSET_JOB_INDEX: "jobset.sigs.k8s.io/job-index",
+}
+# Plain values: the pods of every replicatedJob ("chief=1,worker=2,ps=1,evaluator=1"; no label
+# holds a Job's pod count), and, only when they differ from the defaults, spec.network.subdomain
+# (default: the JobSet's name) and the port every task listens on (default TF_PORT).
+JOBSET_PODS, JOBSET_SUBDOMAIN, JOBSET_PORT = "JOBSET_PODS", "JOBSET_SUBDOMAIN", "JOBSET_PORT"
+JOBSET_VARIABLES = (*JOBSET_LABEL_ENV, JOBSET_PODS, JOBSET_SUBDOMAIN, JOBSET_PORT)
+# Set by the Kubernetes Job controller in every pod of an Indexed Job; a spec does not set it.
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+TF_PORT = 2222
+
 
 class ClusterConfigError(ValueError):
     """The cluster description in the environment cannot be used. str() is one line."""
@@ -57,7 +85,7 @@ class Cluster:
     num_ps: int
     has_evaluator: bool
     tf_config: dict[str, Any] | None  # what this process gives TensorFlow; None: single process
-    source: str  # "TF_CONFIG", "CLUSTER_SPEC" or "none"
+    source: str  # "TF_CONFIG", "CLUSTER_SPEC", "JobSet" or "none"
 
     @property
     def task_name(self) -> str:
@@ -72,12 +100,23 @@ class Cluster:
 
 
 def resolve(environ: Mapping[str, str]) -> Cluster:
-    """Resolves the cluster from TF_CONFIG, else CLUSTER_SPEC, else a single local process."""
+    """Resolves the cluster from TF_CONFIG, else CLUSTER_SPEC, else a JobSet pod's variables (any
+    JOBSET_* one present, even empty), else a single local process."""
     for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
         raw = environ.get(variable, "").strip()
         if raw:
             return _resolve_json(variable, raw, environ.get("CLOUD_ML_TRIAL_ID"))
+    # Presence, not a value, decides: a pod outside any JobSet that copies the JobSet env gets
+    # empty labels, and must stop rather than train alone.
+    if any(variable in environ for variable in JOBSET_VARIABLES):
+        return _resolve_jobset(environ)
     return _single_process(environ.get("CLOUD_ML_TRIAL_ID"))
+
+
+def environ_with_hostname(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` plus HOSTNAME from the kernel when it is missing. Container runtimes set HOSTNAME
+    to the pod's hostname, which a JobSet pod's cluster is checked against."""
+    return {"HOSTNAME": socket.gethostname(), **environ}
 
 
 def _single_process(trial: str | None) -> Cluster:
@@ -95,15 +134,20 @@ def _single_process(trial: str | None) -> Cluster:
 
 
 def _resolve_json(variable: str, raw: str, trial_from_env: str | None) -> Cluster:
-    def fail(problem: str) -> ClusterConfigError:
-        return ClusterConfigError(f"{variable}: {problem}")
-
     try:
         spec = json.loads(raw)
     except json.JSONDecodeError as error:
-        raise fail(f"not valid JSON ({error.msg} at character {error.pos})") from None
+        raise ClusterConfigError(f"{variable}: not valid JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(spec, dict):
-        raise fail(f"expected a JSON object, got {type(spec).__name__}")
+        raise ClusterConfigError(f"{variable}: expected a JSON object, got {type(spec).__name__}")
+    return _resolve_spec(variable, spec, trial_from_env)
+
+
+def _resolve_spec(variable: str, spec: dict, trial_from_env: str | None) -> Cluster:
+    """A TF_CONFIG-shaped dict (from `variable`) -> Cluster; `variable` names it in errors and
+    becomes the Cluster's source."""
+    def fail(problem: str) -> ClusterConfigError:
+        return ClusterConfigError(f"{variable}: {problem}")
 
     raw_cluster = spec.get("cluster") or {}
     task = spec.get("task")
@@ -152,6 +196,10 @@ def _resolve_json(variable: str, raw: str, trial_from_env: str | None) -> Cluste
 
     trial = task.get("trial")
     trial = str(trial) if trial not in (None, "") else (trial_from_env or None)
+    if task_type != EVALUATOR and sum(len(hosts) for hosts in training_cluster.values()) == 1:
+        # One training task: nothing to coordinate. Vertex gives even a single-replica job a
+        # CLUSTER_SPEC (and no TF_CONFIG); it trains as one process, on all its local devices.
+        return dataclasses.replace(_single_process(trial), has_evaluator=bool(cluster.get(EVALUATOR)), source=variable)
     # With a chief task, the chief leads. Without one, TensorFlow makes worker 0 the chief.
     if CHIEF in training_cluster:
         is_chief = task_type == CHIEF
@@ -177,6 +225,102 @@ def _resolve_json(variable: str, raw: str, trial_from_env: str | None) -> Cluste
     )
 
 
+def _resolve_jobset(environ: Mapping[str, str]) -> Cluster:
+    """A JobSet pod's cluster, from JOBSET_VARIABLES, JOB_COMPLETION_INDEX and HOSTNAME. Every pod
+    computes the same cluster from the same JOBSET_PODS; each finds itself in it by its own
+    replicatedJob and completion index, and its hostname must be the one Kubernetes gives that pod,
+    so a value read from the wrong place stops the pod instead of joining a wrong cluster."""
+    def value(variable: str, hint: str) -> str:
+        text = environ.get(variable, "").strip()
+        if not text:
+            state = "empty" if variable in environ else "not set"
+            raise ClusterConfigError(f"{variable} is {state} in this JobSet pod: {hint}")
+        return text
+
+    def from_label(variable: str) -> str:
+        label = JOBSET_LABEL_ENV[variable]
+        return value(variable, f"env valueFrom.fieldRef.fieldPath: metadata.labels['{label}'] gives it "
+                               "(empty: the pod has no such label, so it is not running in a JobSet)")
+
+    jobset = from_label(JOBSET_NAME)
+    replicated_job = from_label(JOBSET_REPLICATED_JOB)
+    job_index_text = from_label(JOBSET_JOB_INDEX)
+    pods_text = value(JOBSET_PODS, "a plain value with the pods of every replicatedJob, e.g. chief=1,worker=2,ps=1")
+    completion_text = value(JOB_COMPLETION_INDEX, "Kubernetes sets it in every pod of an Indexed Job "
+                                                  "(the replicatedJob's template needs completionMode: Indexed)")
+    hostname = value("HOSTNAME", "the container runtime sets it to the pod's hostname")
+
+    pods = _jobset_pods(pods_text)
+    role = _jobset_role(replicated_job, JOBSET_REPLICATED_JOB)
+    if replicated_job not in pods:
+        raise ClusterConfigError(f'{JOBSET_REPLICATED_JOB} is "{replicated_job}", which {JOBSET_PODS} '
+                                 f'("{pods_text}") does not list: give every replicatedJob its pods there')
+    if not job_index_text.isdigit():
+        raise ClusterConfigError(f'{JOBSET_JOB_INDEX} is "{job_index_text}", not a Job index')
+    if int(job_index_text) != 0:
+        raise ClusterConfigError(
+            f"{JOBSET_JOB_INDEX} is {job_index_text}: the trainer takes one Job per role (replicas: 1), whose pods "
+            f"are the role's tasks (completionMode: Indexed, completions = parallelism = the role's pods)")
+    if not completion_text.isdigit():
+        raise ClusterConfigError(f'{JOB_COMPLETION_INDEX} is "{completion_text}", not a pod index')
+    task_index = int(completion_text)
+    if task_index >= pods[replicated_job]:
+        raise ClusterConfigError(
+            f"{JOB_COMPLETION_INDEX} is {task_index}, but {JOBSET_PODS} gives {replicated_job} {pods[replicated_job]} "
+            f"pod(s) (indices 0..{pods[replicated_job] - 1}): it must list each Job's completions")
+    expected_hostname = f"{jobset}-{replicated_job}-{job_index_text}-{task_index}"
+    if hostname != expected_hostname:
+        raise ClusterConfigError(
+            f'HOSTNAME is "{hostname}", but Kubernetes names pod {task_index} of Job {jobset}-{replicated_job}-'
+            f'{job_index_text} "{expected_hostname}": {JOBSET_NAME}, {JOBSET_REPLICATED_JOB} and {JOBSET_JOB_INDEX} '
+            f"must come from this pod's own labels")
+
+    subdomain = environ.get(JOBSET_SUBDOMAIN, "").strip() or jobset
+    port_text = environ.get(JOBSET_PORT, "").strip() or str(TF_PORT)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ClusterConfigError(f'{JOBSET_PORT} is "{port_text}", not a port number')
+    cluster: dict[str, list[str]] = {}
+    for name, count in pods.items():
+        cluster[_jobset_role(name, JOBSET_PODS)] = [f"{jobset}-{name}-0-{i}.{subdomain}:{port_text}" for i in range(count)]
+    if len(cluster.get(CHIEF, [])) > 1:
+        raise ClusterConfigError(f'{JOBSET_PODS} ("{pods_text}") gives the chief {len(cluster[CHIEF])} pods; '
+                                 "a cluster has one chief (more tasks go to workers)")
+    if not cluster.get(CHIEF) and not cluster.get(WORKER):
+        raise ClusterConfigError(f'{JOBSET_PODS} ("{pods_text}") has neither a chief nor a worker')
+    return _resolve_spec("JobSet", {"cluster": cluster, "task": {"type": role, "index": task_index}},
+                         environ.get("CLOUD_ML_TRIAL_ID"))
+
+
+def _jobset_pods(text: str) -> dict[str, int]:
+    """JOBSET_PODS "chief=1,worker=2" -> {replicatedJob name: pods}, in the order given."""
+    pods: dict[str, int] = {}
+    roles: dict[str, str] = {}  # role -> the replicatedJob that holds it, to catch chief and master both
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, equals, count = (piece.strip() for piece in item.partition("="))
+        if not equals or not count.isdigit() or int(count) < 1:
+            raise ClusterConfigError(f'{JOBSET_PODS}: "{item}" is not REPLICATEDJOB=PODS with PODS at least 1 '
+                                     "(e.g. chief=1,worker=2,ps=1)")
+        role = _jobset_role(name, JOBSET_PODS)
+        if name in pods or role in roles:
+            twice = name if name in pods else f"{roles[role]} and {name}"
+            raise ClusterConfigError(f"{JOBSET_PODS} names the {role} twice ({twice}); keep one")
+        pods[name] = int(count)
+        roles[role] = name
+    if not pods:
+        raise ClusterConfigError(f'{JOBSET_PODS} ("{text}") lists no replicatedJob')
+    return pods
+
+
+def _jobset_role(replicated_job: str, variable: str) -> str:
+    role = _ROLE_ALIASES.get(replicated_job.lower())
+    if role is None or replicated_job.lower().startswith("workerpool"):
+        raise ClusterConfigError(f'{variable}: replicatedJob "{replicated_job}" is not a role: name each '
+                                 "replicatedJob chief (or master), worker, ps or evaluator")
+    return role
+
+
 def _canonical_role(role: str, fail) -> str:
     canonical = _ROLE_ALIASES.get(role.strip().lower())
     if canonical is None:
@@ -187,7 +331,7 @@ def _canonical_role(role: str, fail) -> str:
 
 def main() -> int:
     try:
-        cluster = resolve(os.environ)
+        cluster = resolve(environ_with_hostname(os.environ))
     except ClusterConfigError as error:
         print(f"trainer.cluster: {error}", file=sys.stderr)
         return 2

@@ -194,3 +194,159 @@ def test_workers_on_other_machines_are_told_apart_from_local_ones():
 
     assert train_ps.remote_workers(cluster_with(["localhost:2", "127.0.0.1:4"])) == []
     assert train_ps.remote_workers(cluster_with(["localhost:2", "workerpool1-1:2222"])) == ["workerpool1-1:2222"]
+
+
+# --- JobSet: the cluster from what Kubernetes gives each pod -----------------------------------
+
+def jobset_pod(replicated_job, index, pods="chief=1,worker=2", jobset="tf", **overrides):
+    """Pod `index` of `replicated_job`'s Job, as Kubernetes fills its environment (None: unset)."""
+    environ = {"JOBSET_NAME": jobset, "JOBSET_REPLICATED_JOB": replicated_job, "JOBSET_JOB_INDEX": "0",
+               "JOBSET_PODS": pods, "JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"{jobset}-{replicated_job}-0-{index}"}
+    environ.update(overrides)
+    return {name: value for name, value in environ.items() if value is not None}
+
+
+def every_jobset_pod(pods, **overrides):
+    return [jobset_pod(name, index, pods, **overrides)
+            for name, count in (item.split("=") for item in pods.split(",")) for index in range(int(count))]
+
+
+@pytest.mark.parametrize("pods, num_workers, num_ps, evaluators", [
+    ("chief=1,worker=2", 3, 0, 0),  # MultiWorkerMirrored
+    ("chief=1,worker=2,evaluator=1", 3, 0, 1),
+    ("chief=1,worker=3,ps=2", 4, 2, 0),  # ParameterServer
+    ("chief=1,worker=2,ps=1,evaluator=1", 3, 1, 1),
+    ("evaluator=1,ps=1,worker=2,chief=1", 3, 1, 1),  # any order
+    ("worker=3", 3, 0, 0),  # no chief: worker 0 leads
+    ("master=1,worker=1", 2, 0, 0),
+])
+def test_every_jobset_pod_resolves_the_same_cluster_and_finds_itself_in_it(pods, num_workers, num_ps, evaluators):
+    environments = every_jobset_pod(pods)
+    clusters = [resolve(environ) for environ in environments]
+    assert len({json.dumps(c.tf_config["cluster"], sort_keys=True) for c in clusters}) == 1
+    training_cluster = clusters[0].tf_config["cluster"]
+    assert "evaluator" not in training_cluster
+    assert sum(c.is_chief for c in clusters) == 1
+    assert sum(c.task_type == "evaluator" for c in clusters) == evaluators
+    assert {(c.num_workers, c.num_ps, c.has_evaluator, c.source) for c in clusters} == {
+        (num_workers, num_ps, bool(evaluators), "JobSet")}
+    training = [(environ, c) for environ, c in zip(environments, clusters) if c.task_type != "evaluator"]
+    assert len({c.task_name for _, c in training}) == len(training) == num_workers + num_ps
+    for environ, cluster in training:  # each task's own address is its pod's DNS name
+        assert training_cluster[cluster.task_type][cluster.task_index] == f"{environ['HOSTNAME']}.tf:2222"
+
+
+def test_jobset_pss_with_evaluator_addresses_every_pod_by_its_dns_name():
+    cluster = resolve(jobset_pod("worker", 1, "chief=1,worker=2,ps=1,evaluator=1", jobset="cassava"))
+    assert cluster.tf_config == {
+        "cluster": {"chief": ["cassava-chief-0-0.cassava:2222"],
+                    "worker": ["cassava-worker-0-0.cassava:2222", "cassava-worker-0-1.cassava:2222"],
+                    "ps": ["cassava-ps-0-0.cassava:2222"]},
+        "task": {"type": "worker", "index": 1}}
+    evaluator = resolve(jobset_pod("evaluator", 0, "chief=1,worker=2,ps=1,evaluator=1", jobset="cassava"))
+    assert (evaluator.task_type, evaluator.is_chief) == ("evaluator", False)
+    assert evaluator.tf_config["cluster"] == cluster.tf_config["cluster"]
+
+
+def test_jobset_without_chief_makes_worker_zero_chief_and_master_becomes_chief():
+    assert [resolve(environ).is_chief for environ in every_jobset_pod("worker=2")] == [True, False]
+    master = resolve(jobset_pod("master", 0, "master=1,worker=1"))
+    assert (master.task_type, master.is_chief) == ("chief", True)
+    assert master.tf_config["cluster"]["chief"] == ["tf-master-0-0.tf:2222"]
+
+
+def test_jobset_subdomain_and_port_overrides():
+    cluster = resolve(jobset_pod("worker", 1, JOBSET_SUBDOMAIN="tf-net", JOBSET_PORT="5000"))
+    assert cluster.tf_config["cluster"]["worker"] == ["tf-worker-0-0.tf-net:5000", "tf-worker-0-1.tf-net:5000"]
+
+
+def test_jobset_with_one_training_task_is_a_single_process():
+    alone = resolve(jobset_pod("chief", 0, "chief=1"))
+    assert (alone.tf_config, alone.source, alone.is_chief) == (None, "JobSet", True)
+    with_evaluator = [resolve(environ) for environ in every_jobset_pod("chief=1,evaluator=1")]
+    assert with_evaluator[0].tf_config is None and with_evaluator[0].has_evaluator
+    assert with_evaluator[1].task_type == "evaluator" and with_evaluator[1].tf_config["cluster"] == {"chief": ["tf-chief-0-0.tf:2222"]}
+
+
+def test_tf_config_and_cluster_spec_win_over_jobset_variables():
+    tf_config = env("TF_CONFIG", {"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "worker", "index": 0}})
+    assert resolve({**jobset_pod("worker", 1), **tf_config}).source == "TF_CONFIG"
+    cluster_spec = env("CLUSTER_SPEC", {"cluster": {"workerpool0": ["c:1"], "workerpool1": ["w:1"]}, "task": {"type": "workerpool0"}})
+    assert resolve({**jobset_pod("worker", 1), **cluster_spec}).source == "CLUSTER_SPEC"
+
+
+def test_a_plain_indexed_job_pod_is_a_single_process():
+    """JOB_COMPLETION_INDEX alone is in every Indexed Job's pods, not only a JobSet's."""
+    assert resolve({"JOB_COMPLETION_INDEX": "0", "HOSTNAME": "batch-0"}).source == "none"
+
+
+JOBSET_ERRORS = [
+    (dict(JOBSET_NAME=None), "JOBSET_NAME is not set in this JobSet pod: env valueFrom.fieldRef.fieldPath: "
+                             "metadata.labels['jobset.sigs.k8s.io/jobset-name'] gives it"),
+    (dict(JOBSET_NAME="", JOBSET_REPLICATED_JOB="", JOBSET_JOB_INDEX=""),  # the env copied into a pod outside a JobSet
+     "JOBSET_NAME is empty in this JobSet pod"),
+    (dict(JOBSET_REPLICATED_JOB="trainer", HOSTNAME="tf-trainer-0-1"), 'JOBSET_REPLICATED_JOB: replicatedJob "trainer" is not a role'),
+    (dict(JOBSET_REPLICATED_JOB="ps", HOSTNAME="tf-ps-0-1"), 'JOBSET_REPLICATED_JOB is "ps", which JOBSET_PODS ("chief=1,worker=2") does not list'),
+    (dict(JOBSET_JOB_INDEX="1", HOSTNAME="tf-worker-1-1"), "JOBSET_JOB_INDEX is 1: the trainer takes one Job per role (replicas: 1)"),
+    (dict(JOBSET_JOB_INDEX="first"), 'JOBSET_JOB_INDEX is "first", not a Job index'),
+    (dict(JOBSET_PODS=None), "JOBSET_PODS is not set in this JobSet pod"),
+    (dict(JOBSET_PODS="chief=1,worker=two"), 'JOBSET_PODS: "worker=two" is not REPLICATEDJOB=PODS with PODS at least 1'),
+    (dict(JOBSET_PODS="chief=1,worker=0"), 'JOBSET_PODS: "worker=0" is not REPLICATEDJOB=PODS'),
+    (dict(JOBSET_PODS="chief=1,master=1,worker=2"), "JOBSET_PODS names the chief twice (chief and master); keep one"),
+    (dict(JOBSET_PODS="chief=1,worker=2,worker=2"), "JOBSET_PODS names the worker twice (worker)"),
+    (dict(JOBSET_PODS="chief=2,worker=2"), 'JOBSET_PODS ("chief=2,worker=2") gives the chief 2 pods'),
+    (dict(JOBSET_PODS="ps=1,evaluator=1", JOBSET_REPLICATED_JOB="ps", JOB_COMPLETION_INDEX="0", HOSTNAME="tf-ps-0-0"),
+     'JOBSET_PODS ("ps=1,evaluator=1") has neither a chief nor a worker'),
+    (dict(JOB_COMPLETION_INDEX=None), "JOB_COMPLETION_INDEX is not set in this JobSet pod: Kubernetes sets it in every pod of an Indexed Job"),
+    (dict(JOB_COMPLETION_INDEX="2", HOSTNAME="tf-worker-0-2"), "JOB_COMPLETION_INDEX is 2, but JOBSET_PODS gives worker 2 pod(s) (indices 0..1)"),
+    (dict(HOSTNAME="tf-worker-0-0"), 'HOSTNAME is "tf-worker-0-0", but Kubernetes names pod 1 of Job tf-worker-0 "tf-worker-0-1"'),
+    (dict(HOSTNAME="cassava-worker-0-1"), 'HOSTNAME is "cassava-worker-0-1", but Kubernetes names pod 1 of Job tf-worker-0'),
+    (dict(HOSTNAME=None), "HOSTNAME is not set in this JobSet pod"),
+    (dict(JOBSET_PORT="http"), 'JOBSET_PORT is "http", not a port number'),
+]
+
+
+@pytest.mark.parametrize("overrides, message", JOBSET_ERRORS)
+def test_a_jobset_pod_with_a_missing_or_contradictory_value_raises_one_line(overrides, message):
+    environ = jobset_pod("worker", 1, **overrides)
+    assert resolve(jobset_pod("worker", 1)).task_name == "worker-1"  # the same pod without the fault
+    with pytest.raises(ClusterConfigError) as error:
+        resolve(environ)
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_jobset_variables_in_a_pod_outside_a_jobset_are_not_a_single_process():
+    """Only JOBSET_PODS copied into, say, a Deployment: stop, rather than train alone."""
+    with pytest.raises(ClusterConfigError, match="^JOBSET_NAME is not set"):
+        resolve({"JOBSET_PODS": "chief=1,worker=2", "HOSTNAME": "trainer-5d8f7-abcde"})
+
+
+def run_jobset_cli(environ):
+    """`python -m trainer.cluster` with exactly `environ` as its cluster variables."""
+    from trainer.cluster import JOB_COMPLETION_INDEX, JOBSET_VARIABLES
+
+    drop = {"TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES}
+    clean = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run([sys.executable, "-m", "trainer.cluster"], env={**clean, **environ},
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("overrides, message", JOBSET_ERRORS)
+def test_cli_in_a_misconfigured_jobset_pod_prints_one_line_and_exits_2(overrides, message):
+    from trainer.cluster import environ_with_hostname
+
+    environ = jobset_pod("worker", 1, **overrides)
+    with pytest.raises(ClusterConfigError) as error:  # what the pod sees: HOSTNAME from the kernel when unset
+        resolve(environ_with_hostname(environ))
+    result = run_jobset_cli(environ)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"trainer.cluster: {error.value}\n"
+
+
+def test_cli_without_hostname_checks_the_kernels_hostname():
+    import socket
+
+    result = run_jobset_cli(jobset_pod("worker", 1, HOSTNAME=None))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f'trainer.cluster: HOSTNAME is "{socket.gethostname()}", but Kubernetes names pod 1')

@@ -246,6 +246,8 @@ def test_every_replica_resolves_to_the_requested_cluster(platform, target, name)
       "--image-uri", CPU], "machine type a2-highgpu-1g cannot take NVIDIA_TESLA_V100"),
     (["tfjob", "--workers", "0", "--image-uri", CPU], "--workers must be at least 1"),
     (["ai-platform", "--strategy", "pss", "--ps", "1", "--evaluator", "--image-uri", CPU], "an AI Platform evaluator needs --evaluator-image-uri"),
+    (["jobset", "--strategy", "pss", "--workers", "2", "--image-uri", CPU], "--strategy pss needs at least one parameter server"),
+    (["tfjob", "--queue", "team-a", "--image-uri", CPU], "--queue is for the jobset target"),
 ])
 def test_inconsistent_requests_exit_2_with_one_line(argv, message):
     result = run_module("scripts.submit_job", *argv, "--dry-run", env=clean_env(), timeout=120)
@@ -260,6 +262,15 @@ def test_dry_run_prints_json_for_vertex_and_yaml_for_tfjob():
     assert json.loads(vertex.stdout)["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"] == ["--epochs", "3"]
     tfjob = run_module("scripts.submit_job", "tfjob", *REQUESTS["mwms-cpu-gcr"], env=clean_env(), timeout=120)
     assert yaml.safe_load(tfjob.stdout)["kind"] == "TFJob"
+
+
+def test_printed_tfjob_says_it_is_for_training_operator_1_9_and_points_to_jobset():
+    tfjob = run_module("scripts.submit_job", "tfjob", *REQUESTS["mwms-cpu-gcr"], env=clean_env(), timeout=120)
+    header = tfjob.stdout.split("apiVersion:")[0]
+    assert header.startswith("# Kubeflow training-operator v1 (TFJob), maintained only on its release-1.9 branch")
+    assert "use `submit_job.py jobset`" in header and all(line.startswith("#") for line in header.splitlines())
+    help_text = run_module("scripts.submit_job", "--help", env=clean_env(), timeout=120).stdout
+    assert "release-1.9" in help_text and "jobset" in help_text
 
 
 # --- self-check job and GPU warnings ------------------------------------------------------------
