@@ -8,9 +8,12 @@
     python scripts/submit_job.py tfjob       [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] vertex|hptune [options] [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] --spec JOB.json
+    python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] jobset [options] [-- TRAINER_ARGS]
+    python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] --jobset JOBSET.yaml
 
 `local` runs the CustomJob (or HyperparameterTuningJob) on this machine, one container per
-replica, as Vertex AI would run it (scripts/local_job.py); it needs docker or podman.
+replica, as Vertex AI would run it (scripts/local_job.py); it needs docker or podman. With a
+JobSet it runs one container per pod, as Kubernetes and JobSet would (scripts/local_jobset.py).
 
 --dry-run prints the spec (JSON for Vertex AI, YAML for the others) with no credentials and no
 network. Without it, `vertex` and `hptune` submit through google-cloud-aiplatform and print the
@@ -32,10 +35,11 @@ import os
 import sys
 
 try:
-    from scripts import jobspec, local_job  # python -m scripts.submit_job, or imported from the repo root
+    from scripts import jobspec, local_job, local_jobset  # python -m scripts.submit_job, or imported from the repo root
 except ImportError:  # python scripts/submit_job.py: Python puts scripts/ itself first on sys.path
     import jobspec
     import local_job
+    import local_jobset
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -183,6 +187,9 @@ def build_local_parser() -> argparse.ArgumentParser:
                         help="use Google's Cloud Storage with your Application Default Credentials instead of a local server")
     parser.add_argument("--stage", action="append", default=[], metavar="LOCAL=gs://BUCKET/PREFIX",
                         help="copy local files into the local server's bucket before the job (repeatable)")
+    parser.add_argument("--jobset", metavar="FILE",
+                        help="run this JobSet's pods instead (YAML, '-' for stdin; or give `jobset` and its options): "
+                             "hostnames, environment and restart rules as Kubernetes and JobSet apply them")
     parser.add_argument("--keep", metavar="DIR", help="after the job, copy the local server's buckets to DIR/BUCKET/")
     parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS",
                         help="a Spot preemption of REPLICA (e.g. workerpool1-0) SECONDS after the start, or REPLICA@/REGEX/ "
@@ -209,8 +216,10 @@ def build_local_parser() -> argparse.ArgumentParser:
 def local(argv: list[str]) -> int:
     """`local`: the spec from --spec or from the vertex/hptune options, run on this machine."""
     split = argv.index("--") if "--" in argv else len(argv)
-    target_at = next((i for i, a in enumerate(argv[:split]) if a in ("vertex", "hptune")), split)
+    target_at = next((i for i, a in enumerate(argv[:split]) if a in ("vertex", "hptune", "jobset")), split)
     options = build_local_parser().parse_args(argv[:target_at])
+    if options.jobset or (target_at < split and argv[target_at] == "jobset"):
+        return local_jobset_run(options, argv[target_at:split] if target_at < split else [], argv[split + 1:])
     if target_at < split:
         if options.spec:
             raise jobspec.SpecError("give either --spec FILE or vertex/hptune options, not both")
@@ -240,6 +249,25 @@ def local(argv: list[str]) -> int:
                          stages=options.stage, keep_dir=options.keep, replica_restarts=options.replica_restarts,
                          job_retries=options.job_retries, seed=options.seed, allow_hosts=options.allow_host,
                          public_gcs=None if options.public_gcs == "none" else options.public_gcs)
+
+
+def local_jobset_run(options, target_args: list[str], trainer_args: list[str]) -> int:
+    """`local --jobset FILE` or `local jobset ...`: a JobSet's pods as containers on this machine."""
+    from_options = [flag for flag, given in (("--spec", options.spec), ("--real-gcs", options.real_gcs),
+                                             ("--stage", options.stage), ("--keep", options.keep),
+                                             ("--maintenance", options.maintenance), ("--allow-host", options.allow_host),
+                                             ("--print-compose", options.print_compose)) if given]
+    if from_options:
+        raise jobspec.SpecError(f"{', '.join(from_options)}: for Vertex jobs; a JobSet rehearsal takes --engine and --preempt")
+    if options.jobset and target_args:
+        raise jobspec.SpecError("give either --jobset FILE or jobset options, not both")
+    if target_args:
+        args = build_parser().parse_args(target_args)
+        args.trainer_args = trainer_args
+        _, manifest = build_spec(args)
+    else:
+        manifest = local_jobset.load(options.jobset)
+    return local_jobset.run(manifest, engine=options.engine, preemptions=options.preempt)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,128 @@
+"""`submit_job.py local jobset ...`: a JobSet's pods as containers of the real CPU image, with the
+hostnames, environment and restart rules Kubernetes and JobSet give them. Nothing tells the trainer
+its cluster but what a pod has: each pod must find it by itself (trainer/cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import yaml
+
+from containers import SMALL_TRAINING, sh
+from helpers import REPO
+from test_vertex_rehearsal import lines, user_env
+
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+
+
+def jobset(*args: str, image: str) -> dict:
+    split = args.index("--")
+    printed = subprocess.run([PYTHON, "-m", "scripts.submit_job", "jobset", "--image-uri", image, *args[:split], *args[split:]],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return yaml.safe_load(printed)
+
+
+def run_jobset(manifest: dict, tmp_path, *local_args: str, engine) -> subprocess.CompletedProcess:
+    (tmp_path / "jobset.yaml").write_text(yaml.safe_dump(manifest))
+    result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0], *local_args,
+                             "--jobset", str(tmp_path / "jobset.yaml")],
+                            cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900)
+    return result
+
+
+def jobset_leftovers(engine) -> list[str]:
+    tool, env = engine
+    containers = sh(tool, "ps", "-a", "--format", "{{.Names}}", env=env).stdout.split()
+    networks = sh(tool, "network", "ls", "--format", "{{.Name}}", env=env).stdout.split()
+    volumes = sh(tool, "volume", "ls", "--format", "{{.Name}}", env=env).stdout.split()
+    return [name for name in containers + networks + volumes if name.startswith("jobset-local-")]
+
+
+def share_model_dir(manifest: dict, claim: str = "models") -> dict:
+    """Gives every pod the same ReadWriteMany claim at /models, as a cluster without Cloud Storage
+    would share checkpoints with the evaluator."""
+    for rjob in manifest["spec"]["replicatedJobs"]:
+        pod_spec = rjob["template"]["spec"]["template"]["spec"]
+        pod_spec["volumes"] = [{"name": "models", "persistentVolumeClaim": {"claimName": claim}}]
+        pod_spec["containers"][0]["volumeMounts"] = [{"name": "models", "mountPath": "/models"}]
+    return manifest
+
+
+def test_a_mwms_jobset_trains_with_each_pod_finding_its_cluster(engine, cpu_image, tmp_path):
+    manifest = jobset("--workers", "2", "--", *SMALL_TRAINING, "--model-dir", "/tmp/model", image=cpu_image)
+    result = run_jobset(manifest, tmp_path, engine=engine)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    name = manifest["metadata"]["name"]
+    roles = {f"{name}-chief-0-0": "chief-0", f"{name}-worker-0-0": "worker-0", f"{name}-worker-0-1": "worker-1"}
+    for pod, role in roles.items():
+        said = "\n".join(lines(result.stdout, pod))
+        assert f"role: {role}, strategy: multi_worker_mirrored" in said, said[-3000:]
+    assert "replicas=3" in "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
+    assert lines(result.stdout, "local-run", "INFO")[-1].endswith("succeeded (successPolicy met)"), result.stdout[-2000:]
+    assert jobset_leftovers(engine) == []
+
+
+def test_every_pod_prints_the_same_cluster_with_its_own_address(engine, cpu_image, tmp_path):
+    """PSS with an evaluator, each pod running `python -m trainer.cluster` instead of training."""
+    manifest = jobset("--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator", "--", image=cpu_image)
+    for rjob in manifest["spec"]["replicatedJobs"]:
+        container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
+        container["command"], container["args"] = ["python", "-m", "trainer.cluster"], []
+    manifest["spec"]["successPolicy"] = {"operator": "All"}  # every Job, as each pod exits at once
+    result = run_jobset(manifest, tmp_path, engine=engine)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    name = manifest["metadata"]["name"]
+    pods = [f"{name}-{role}-0-{i}" for role, count in (("chief", 1), ("worker", 2), ("ps", 1), ("evaluator", 1))
+            for i in range(count)]
+    printed = {pod: json.loads("\n".join(lines(result.stdout, pod, "INFO"))) for pod in pods}
+    clusters = {json.dumps(p["tf_config"]["cluster"], sort_keys=True) for p in printed.values() if p["tf_config"]}
+    assert len(clusters) == 1, clusters
+    cluster = json.loads(clusters.pop())
+    assert cluster["worker"] == [f"{name}-worker-0-{i}.{name}:2222" for i in range(2)]
+    assert "evaluator" not in cluster
+    assert printed[f"{name}-evaluator-0-0"]["task_type"] == "evaluator"
+    assert {p["source"] for p in printed.values()} == {"JobSet"}
+    assert printed[f"{name}-worker-0-1"]["tf_config"]["task"] == {"type": "worker", "index": 1}
+    assert jobset_leftovers(engine) == []
+
+
+def test_a_pss_jobset_with_its_evaluator_trains_and_evaluates(engine, cpu_image, tmp_path):
+    manifest = share_model_dir(jobset("--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator", "--",
+                                      *SMALL_TRAINING, "--model-dir", "/models/run", image=cpu_image))
+    result = run_jobset(manifest, tmp_path, engine=engine)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    name = manifest["metadata"]["name"]
+    evaluator = "\n".join(lines(result.stdout, f"{name}-evaluator-0-0"))
+    assert "role: evaluator" in evaluator, evaluator[-3000:]
+    assert "val_accuracy" in evaluator or "accuracy=" in evaluator, evaluator[-3000:]
+    assert jobset_leftovers(engine) == []
+
+
+def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path):
+    """Exit 3 matches the FailJob rule (not 130/137/138/143): no restart, the pod's code."""
+    manifest = jobset("--workers", "1", "--max-restarts", "3", "--", image=base_image)
+    for rjob in manifest["spec"]["replicatedJobs"]:
+        container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
+        code = 3 if rjob["name"] == "worker" else 0
+        container["command"], container["args"] = ["sh", "-c", f"sleep 2; echo bad input >&2; exit {code}" if code else "trap 'exit 0' TERM; sleep 60 & wait"], []
+    result = run_jobset(manifest, tmp_path, engine=engine)
+    assert result.returncode == 3, result.stdout[-3000:]
+    assert "(PodFailurePolicy)" in result.stdout and "FailJobSet" in result.stdout, result.stdout[-3000:]
+    assert "recreates every Job" not in result.stdout
+    assert jobset_leftovers(engine) == []
+
+
+def test_a_preempted_worker_restarts_the_jobset_which_resumes(engine, cpu_image, tmp_path):
+    """MWMS: the evicted worker's DisruptionTarget counts against backoffLimit 0, its Job fails,
+    and JobSet recreates every Job (failurePolicy.maxRestarts); the chief resumes from its backup."""
+    manifest = share_model_dir(jobset("--workers", "1", "--max-restarts", "2", "--", *SMALL_TRAINING,
+                                      "--epochs", "3", "--model-dir", "/models/run", image=cpu_image))
+    name = manifest["metadata"]["name"]
+    result = run_jobset(manifest, tmp_path, "--preempt", f"{name}-worker-0-0@/epoch 2/3 begins/", engine=engine)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    notes = "\n".join(lines(result.stdout, "local-run"))
+    assert f"evicting {name}-worker-0-0" in notes and "recreates every Job (RestartJobSet, restart 1 of 2)" in notes, notes
+    chief = "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
+    assert "resumed from backup at epoch" in chief, chief[-3000:]
+    assert jobset_leftovers(engine) == []
