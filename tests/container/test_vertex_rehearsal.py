@@ -8,12 +8,15 @@ severity, line.
 
 from __future__ import annotations
 
+import glob
 import http.server
 import json
+import os
 import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 
 import pytest
@@ -62,10 +65,21 @@ def lines(output: str, source: str, severity: str | None = None) -> list[str]:
 
 
 def leftovers(engine) -> list[str]:
+    """What a rehearsal left on this machine: its containers and networks, its FUSE mount, its
+    Cloud Storage server and FUSE processes, and its scratch directory (which holds the TLS key)."""
     tool, env = engine
     containers = sh(tool, "ps", "-a", "--format", "{{.Names}}", env=env).stdout.split()
     networks = sh(tool, "network", "ls", "--format", "{{.Name}}", env=env).stdout.split()
-    return [name for name in containers + networks if name.startswith("vertex-local-")]
+    left = [name for name in containers + networks if name.startswith("vertex-local-")]
+    with open("/proc/mounts") as mounts:
+        left += [f"mount {line.split()[1]}" for line in mounts if "/vertex-local-" in line.split()[1]]
+    # This test session's own servers (the integration tier's) are its children; a rehearsal's
+    # left behind would have outlived the runner and been re-parented.
+    processes = [line.split(None, 2) for line in sh("ps", "-eo", "pid=,ppid=,args=").stdout.splitlines()]
+    left += [f"process {args}" for pid, ppid, args in processes
+             if ("fake-gcs-server" in args or "scripts.gcs_fuse" in args) and int(ppid) != os.getpid()]
+    left += [f"directory {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), "vertex-local-*"))]
+    return left
 
 
 def summary(output: str) -> dict[str, tuple[list[int], int]]:
@@ -177,9 +191,10 @@ def test_a_crash_that_could_be_transient_restarts_the_whole_job(engine, base_ima
     assert summary(result.stdout) == {"workerpool0-0": ([139] * 3, 2)}
     notes = lines(result.stdout, "local-run", "WARNING")
     assert [n.rsplit("(", 1)[1] for n in notes if "restarting the whole job" in n] == ["retry 1 of 2)", "retry 2 of 2)"]
-    assert lines(result.stdout, "local-run", "ERROR")[-1].startswith(
-        "JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 139. Last error: crashing (possibly "
-        "transient); the job was already restarted 2 times")
+    # The last stderr line is the shell's own report of the signal ("Segmentation fault").
+    failure = lines(result.stdout, "local-run", "ERROR")[-1]
+    assert failure.startswith("JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 139. Last error: "), failure
+    assert failure.endswith("(possibly transient); the job was already restarted 2 times"), failure
     assert leftovers(engine) == []
 
 
@@ -289,11 +304,11 @@ def test_a_handwritten_custom_job_runs_unchanged_with_vertex_environment(engine,
                 and line.split("=", 1)[0].isupper())
     cluster = json.loads(told["CLUSTER_SPEC"])
     assert cluster["cluster"] == {"workerpool0": ["workerpool0-0:2222"], "workerpool1": ["workerpool1-0:2222"]}
-    assert cluster["task"] == {"type": "workerpool1", "index": 0} and json.loads(cluster["job"]) == spec["jobSpec"]
+    assert cluster["task"] == {"type": "workerpool1", "index": 0} and cluster["job"] == spec["jobSpec"]  # a dict, as the Distributed training page shows it
     assert json.loads(told["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
     assert (told["AIP_MODEL_DIR"], told["AIP_CHECKPOINT_DIR"], told["AIP_TENSORBOARD_LOG_DIR"]) == (
         "gs://vx-own/run/model/", "gs://vx-own/run/checkpoints/", "gs://vx-own/run/logs/")
-    assert told["CLOUD_ML_JOB_ID"].isdigit() and told["OWN_SETTING"] == "kept" and "CLOUD_ML_TRIAL_ID" not in told
+    assert told["CLOUD_ML_JOB_ID"].isdigit() and told["CLOUD_ML_PROJECT_ID"].isdigit() and told["OWN_SETTING"] == "kept" and "CLOUD_ML_TRIAL_ID" not in told
     assert (tmp_path / "kept" / "vx-own" / "run" / "model" / "saved_model.pb").exists()
     # What the trainer wrote to gs:// is there under /gcs/, as the chief lists it after training.
     under_gcs = [line for line in lines(result.stdout, "workerpool0-0", "INFO") if line.startswith("./")]
