@@ -366,6 +366,11 @@ def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = Non
     metadata: dict = {"name": name, "namespace": namespace}
     labels = dict(request.labels)
     if queue:
+        # A LocalQueue is a Kubernetes object named as a DNS label, and the name is a label value:
+        # anything else the API server refuses only when the JobSet is applied.
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", queue) or len(queue) > 63:
+            raise SpecError(f"--queue {queue!r}: a LocalQueue name is lower-case letters, digits and '-', "
+                            "at most 63, starting and ending with a letter or digit")
         # Kueue's webhook suspends the JobSet on creation and resumes it when the queue admits it.
         labels[KUEUE_QUEUE_LABEL] = queue
     if labels:

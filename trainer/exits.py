@@ -9,8 +9,11 @@ decides whether to restart it.
 | else | a bug                                                      | may or may not help  |
 
 143 (128 + SIGTERM) is one of the codes Kubeflow's `restartPolicy: ExitCode` retries (130, 137,
-138, 143; training-operator's IsRetryableExitCode) and what a task killed by SIGTERM would
-report anyway. Vertex AI restarts a replica on any non-zero code.
+138, 143; training-operator's IsRetryableExitCode), the codes the generated JobSet's
+podFailurePolicy does not fail at once, and what a task killed by SIGTERM would report anyway.
+Vertex AI treats a replica's own non-zero exit as permanent and fails the job, except the codes of
+SIGABRT and SIGSEGV, which it retries ("Understanding the training service"; docs/failures-and-restarts.md);
+after a preemption it restarts the job itself, and the backup is what makes that cheap.
 """
 
 OK = 0

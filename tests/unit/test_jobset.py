@@ -540,3 +540,10 @@ def test_what_jobset_pods_cannot_know_or_kubernetes_would_not_run_is_a_spec_erro
     with pytest.raises(jobspec.SpecError) as error:
         jobspec.jobset_pods(hand_written_with(change))
     assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize("queue", ["Bad Name", "team_a", "-team", "q" * 64])
+def test_a_queue_kubernetes_would_refuse_is_refused_here(queue):
+    from scripts.submit_job import main
+
+    assert main(["jobset", "--image-uri", CPU, f"--queue={queue}"]) == 2
