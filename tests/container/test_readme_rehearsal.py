@@ -48,7 +48,7 @@ def test_the_readme_rehearsal_runs_as_written(engine, cpu_image, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert not result.stderr.strip(), result.stderr[-2000:]
     # What the README says the run shows: a preempted worker, the whole job back, and the model saved.
-    assert any("preempting workerpool1-0" in line for line in lines(result.stdout, "local-run", "WARNING")), result.stdout[-3000:]
+    assert any("preempting (Spot VM) workerpool1-0" in line for line in lines(result.stdout, "local-run", "WARNING")), result.stdout[-3000:]
     codes = summary(result.stdout)
     assert codes["workerpool1-0"][1] >= 1 and codes["workerpool0-0"][0][-1] == 0, codes
     kept = tmp_path / "output" / "rehearsal" / "my-bucket" / "runs" / "1" / "model"
