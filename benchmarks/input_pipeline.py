@@ -1,7 +1,7 @@
 """Input pipeline benchmark: the lab's pipeline against the trainer's, per simulated worker.
 
-    python benchmarks/input_pipeline.py [--quick] [--images N] [--repeats R] [--no-bucket] [--no-stages]
-                                        [--latency-ms MS]
+    python benchmarks/input_pipeline.py [--quick] [--images N] [--repeats R] [--workers 1,2,4] [--no-bucket]
+                                        [--no-stages] [--latency-ms MS] [--results-dir DIR]
 
 One process, the same generated TFRecords (600x450 JPEG, quality 90) for every measurement.
 For N = 1, 2 and 4 simulated workers it times worker 0 with:
@@ -17,9 +17,10 @@ Epochs 1 and 2 are timed separately; after a warm-up round, each measurement is 
 median reported. A second table builds the trainer's pipeline up one stage at a time at N=1 and
 gives each stage's cost in epoch 1 (`stage_pipelines`); a line after it times the resize on the
 decoded uint8 image against the same resize on a float32 copy, in the pipeline (`resize_orders`).
-The table goes to stdout and to benchmarks/RESULTS.md, with a line saying whether the trainer
-meets its targets (epoch 1 at least the lab's at every N; later epochs at least 20x the lab's at
-the largest N); the last line is a machine-readable summary.
+The tables go to stdout and to benchmarks/results/input_pipeline/KIND.md, one file per machine
+kind (benchmarks/machine.py), with a line saying whether the trainer meets its targets (epoch 1 at
+least the lab's at every N; later epochs at least 20x the lab's at the largest N); the last line is
+a machine-readable summary.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import argparse
 import datetime
 import gc
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -47,7 +47,8 @@ for _key, _value in storage.CLIENT_ENVIRONMENT.items():
 import tensorflow as tf  # noqa: E402
 
 from trainer import data, records, synthetic  # noqa: E402
-from machine import cpu_model  # noqa: E402  (benchmarks/, first on the path when run as a script)
+# benchmarks/ is first on the path when this runs as a script
+from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
 
 IMAGE_SIZE = 300
 BATCH = 64
@@ -162,7 +163,8 @@ def measure(files, num_images, num_workers, repeats, bucket_files=None):
                                   files=tuple(bucket_files))
     # Round 0 is a warm-up and is not recorded. It pays the process's one-time costs, which belong
     # to no epoch: tracing, thread pools, and first-touch page faults on fresh memory (the lab's
-    # shuffle buffer alone is 1,000 float32 images, about 1 GB; its first pass ran 3x slower).
+    # shuffle buffer alone is 1,000 float32 images, about 1 GB, and its first pass is about 3x
+    # slower than the next on these 2-core VMs).
     for round_index in range(repeats + 1):
         for name in rows:
             if name == "baseline":
@@ -244,12 +246,13 @@ def stage_costs(files: list[str], num_images: int, repeats: int) -> list[tuple[s
 
 def resize_orders(files: list[str], num_images: int, repeats: int) -> dict[str, tuple[float, float]]:
     """The two orders of the host resize, in the pipeline at N=1: bilinear on the decoded uint8
-    image (the trainer's, trainer.data.decode_resize) and on a float32 copy of it (the trainer's
-    before 2026-11-25). They give the same pixels; which is cheaper depends on the CPU and its
-    memory, and timing one thread alone picked the wrong one on the EPYC family 26, so both run
-    here as the pipeline runs them. Returns name -> (epoch 1 images/s, CPU ms per image), each
-    the median of `repeats` alternating rounds after a warm-up. (The benchmark's JPEGs need no
-    DCT scaling at this size, so both decode plainly.)"""
+    image (the trainer's, trainer.data.decode_resize) and on a float32 copy of it. They give the
+    same pixels; which is cheaper depends on the CPU and its memory. One thread alone resizes the
+    copy sooner, but the copy is four times the decoded image's bytes, and with decoders sharing
+    the memory bus writing it can cost more than the kernel saves (it does on the EPYC family 26),
+    so both are timed here as the pipeline runs them. Returns name -> (epoch 1 images/s, CPU ms
+    per image), each the median of `repeats` alternating rounds after a warm-up. (The benchmark's
+    JPEGs need no DCT scaling at this size, so both decode plainly.)"""
     orders = {
         "uint8": lambda image: tf.image.resize(image, (IMAGE_SIZE, IMAGE_SIZE)),
         "float32 copy": lambda image: tf.image.resize(tf.cast(image, tf.float32), (IMAGE_SIZE, IMAGE_SIZE)),
@@ -358,8 +361,9 @@ def main(argv=None) -> int:
     parser.add_argument("--images", type=int, default=None, help="images to generate (default 2048)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 5)")
     parser.add_argument("--data-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "cassava-trainer", "bench"))
-    parser.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"),
-                        help="where to write the table ('' for nowhere)")
+    parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
+                        help="results root: the tables go to DIR/input_pipeline/KIND.md ('' for nowhere; "
+                             "default benchmarks/results)")
     parser.add_argument("--workers", default="1,2,4", help="simulated worker counts")
     parser.add_argument("--no-bucket", action="store_true", help="leave out the rows read from a bucket")
     parser.add_argument("--no-stages", action="store_true", help="leave out the per-stage breakdown and the resize orders at N=1")
@@ -422,18 +426,15 @@ def main(argv=None) -> int:
                f" n{largest}_decode_limit_fraction={r['trainer'][0] / r['limit'][0]:.2f}"
                + "".join(f" n{n}_bucket_vs_disk={results[n]['bucket'][0] / results[n]['trainer'][0]:.2f}"
                          for n in sorted(results) if "bucket" in results[n]))
-    if args.results:
-        command = "python benchmarks/input_pipeline.py" + (" --quick" if args.quick else "")
-        with open(args.results, "w") as out:
-            out.write(
-                f"# Input pipeline benchmark\n\n`{command}` on {datetime.date.today().isoformat()}, "
-                f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.machine()}, TensorFlow {tf.__version__}; "
-                f"{num_images} JPEGs of {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[0]}, batch {BATCH}, {IMAGE_SIZE} px, "
-                f"median of {repeats}. Images per second for worker 0.\n\n" + "\n".join(lines)
+    if args.results_dir:
+        body = (f"TensorFlow {tf.__version__}; {num_images} JPEGs of {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[0]}, batch {BATCH}, "
+                f"{IMAGE_SIZE} px, median of {repeats}. Images per second for worker 0.\n\n" + "\n".join(lines)
                 + ("\n\n" + "\n".join(stage_lines) if stages else "")
                 + (f"\n\n{resize_line}" if resize_line else "")
-                + f"\n\n{ceiling_line}\n\n{verdict}\n\n`{summary}`\n"
-            )
+                + f"\n\n{ceiling_line}\n\n{verdict}\n\n`{summary}`")
+        path = write_results("input_pipeline", command_line("input_pipeline.py", argv),
+                             datetime.date.today().isoformat(), body, args.results_dir)
+        print(f"results: {path}", flush=True)
     print(summary)
     return 0
 

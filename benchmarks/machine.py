@@ -1,10 +1,14 @@
-"""Which machine a benchmark ran on, for every figure it prints: figures from two CPU kinds must
-never be compared unlabelled."""
+"""Which machine a benchmark ran on, for every figure it prints, and where its tables go: figures
+from two CPU kinds must never be compared unlabelled, so each kind has its own results file."""
 
 from __future__ import annotations
 
+import os
 import platform
 import re
+import shlex
+
+RESULTS_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def cpu_model() -> str:
@@ -22,3 +26,33 @@ def cpu_model() -> str:
     flags = set(next(iter(re.findall(r"^flags\s*:\s*(.+)$", text, re.M)), "").split())
     shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
     return f"{name}: {' '.join(shown) or 'no AVX2'}"
+
+
+def kind_slug(model: str | None = None) -> str:
+    """A file name for the machine kind: 'amd-epyc-family-25-model-1-avx2'. Figures are kept per
+    kind because a ratio measured on one CPU says nothing about another."""
+    text = (model or cpu_model()).lower()
+    text = re.sub(r"\b(processor|cpu|\d+-core)\b", " ", text)
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command as it was run, for the results file: `python benchmarks/SCRIPT.py ARGS`."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", f"benchmarks/{script}", *map(shlex.quote, args)])
+
+
+def write_results(benchmark: str, command: str, date: str, body: str, root: str | None = None) -> str:
+    """Writes one benchmark's results on this machine kind to ROOT/BENCHMARK/KIND.md (ROOT is
+    benchmarks/results unless given), replacing that kind's earlier file: a heading naming the
+    machine, the date, the command that produced it and the core count (every benchmark here is
+    bound by the CPU), then `body` (markdown tables and a sentence or two). Returns the path."""
+    directory = os.path.join(root or RESULTS_ROOT, benchmark)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, kind_slug() + ".md")
+    with open(path, "w") as out:
+        out.write(f"# {benchmark} on {cpu_model()}\n\n{date}, `{command}`, {os.cpu_count()} CPUs, "
+                  f"{platform.machine()}.\n\n{body.strip()}\n")
+    return path

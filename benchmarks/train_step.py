@@ -1,6 +1,6 @@
 """ResNet50 training throughput: the lab's configuration against the trainer's defaults, side by side.
 
-    python benchmarks/train_step.py [--steps 8] [--batch 16] [--image-size 160] [--repeats 2]
+    python benchmarks/train_step.py [--steps 8] [--batch 16] [--image-size 160] [--repeats 2] [--results-dir DIR]
 
 Every configuration trains the same ResNet50 + head on one generated batch already in memory, so
 only the train step is measured; the first (compiling) call is excluded, and the rounds alternate
@@ -17,12 +17,14 @@ printed, each as a ratio over the lab.
   trainer default + XLA + 8 steps/execution   on a GPU: the remaining speed flags
 
 The last line, `summary: default_over_lab=R default_over_best=B`, gives the default's ratio over
-the lab and over the faster of the trainer in float32 and in mixed_bfloat16 (on CPUs).
+the lab and over the faster of the trainer in float32 and in mixed_bfloat16 (on CPUs). The table
+also goes to benchmarks/results/train_step/KIND.md, one file per machine kind (benchmarks/machine.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import statistics
 import sys
@@ -31,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainer import precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
 import tensorflow as tf  # noqa: E402
 
-from machine import cpu_model  # noqa: E402  (benchmarks/, first on the path when run as a script)
+# benchmarks/ is first on the path when this runs as a script
+from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
 
 
 def lab_throughput(batch: int, image_size: int, steps: int) -> float:
@@ -68,13 +71,17 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=160)
     parser.add_argument("--repeats", type=int, default=2, help="rounds; the median is reported")
+    parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
+                        help="results root: the table goes to DIR/train_step/KIND.md ('' for nowhere; "
+                             "default benchmarks/results)")
     args = parser.parse_args(argv)
     devices = precision.local_devices()
     measured = precision.measure_cpu() if devices.bfloat16_native and not devices.float16_fast else None
     default = precision.choose("auto", devices, measured)
     gpu = bool(devices.gpu_capabilities)
     print(f"machine: {cpu_model()}", flush=True)
-    print(f"device: {devices.describe()}; --mixed-precision auto picks {default.policy} ({default.reason})")
+    device_line = f"device: {devices.describe()}; --mixed-precision auto picks {default.policy} ({default.reason})"
+    print(device_line, flush=True)
     configs = configurations(default.policy, gpu)
     rates: dict[str, list[float]] = {name: [] for name, _ in configs}
     for _ in range(args.repeats):
@@ -89,8 +96,17 @@ def main(argv=None) -> int:
         (configs[1][0], default.policy), ("trainer, float32 (uint8 input)", "float32"),
         ("trainer, mixed_bfloat16 (asked for)", "mixed_bfloat16"))}
     best = max(rate for name, rate in medians.items() if name in policies)
-    print(f"summary: default_over_lab={medians[default_name] / lab:.2f} default_over_best={medians[default_name] / best:.2f} "
-          f"(batch {args.batch}, {args.image_size} px, median of {args.repeats} rounds of {args.steps} steps)")
+    summary = (f"summary: default_over_lab={medians[default_name] / lab:.2f} "
+               f"default_over_best={medians[default_name] / best:.2f} "
+               f"(batch {args.batch}, {args.image_size} px, median of {args.repeats} rounds of {args.steps} steps)")
+    if args.results_dir:
+        table = ["| configuration | images/s | over the lab |", "|---|---|---|"] + [
+            f"| {name} | {rate:.2f} | x{rate / lab:.2f} |" for name, rate in medians.items()]
+        body = f"TensorFlow {tf.__version__}; {device_line[len('device: '):]}.\n\n" + "\n".join(table) + f"\n\n`{summary}`"
+        path = write_results("train_step", command_line("train_step.py", argv), datetime.date.today().isoformat(),
+                             body, args.results_dir)
+        print(f"results: {path}", flush=True)
+    print(summary)
     return 0
 
 
