@@ -335,9 +335,9 @@ def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     as long as its short side stays at least `size`, then resized. Decoding is the expensive
     step and the reduced decode is several times cheaper. Other formats (PNG in some TFDS
     builds) take the plain path. The decoder is one switch_case: in a tf.data function each
-    conditional is a function call of tens of microseconds, and nesting them (format, DCT scale)
-    cost about a tenth of an image's decode (0.11 of 1.07 ms of CPU per 600x450 JPEG on one
-    thread, 2-core EPYC).
+    conditional is a function call of tens of microseconds, and nested conditionals (format, then
+    DCT scale) cost about a tenth of an image's decode (0.11 of 1.07 ms of CPU per 600x450 JPEG
+    on one thread, 2-core AMD EPYC).
     """
     jpeg = tf.io.is_jpeg(encoded)
     shape = tf.image.extract_jpeg_shape(tf.raw_ops.Select(condition=jpeg, x=encoded, y=_HEADER_ONLY_JPEG))
@@ -350,13 +350,15 @@ def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     # Plain bilinear: after the DCT-scaled decode the remaining downscale is under 2x, where
     # bilinear is close to exact, and antialiasing would cost more than the decode itself.
     # On the uint8 image, which the kernel reads as float itself (the same pixels as casting
-    # first). A cast first writes a float32 copy of the whole decoded image, four times its
-    # bytes: timed on one thread it looked cheaper (0.37 against 0.42 ms per 600x450 image), but
-    # in the pipeline, two decoders sharing the memory bus, it cost more than the kernel saves
-    # (perf, 2-core AMD EPYC family 26: resize and cast 0.37-0.56 of the JPEG decode's CPU time,
-    # varying with the memory's load, against 0.31-0.37 for this). In nine full runs of
-    # `resize_orders` in benchmarks/input_pipeline.py it saved 0.14-0.30 CPU ms per image in four
-    # and lost 0.01-0.05 in five: a small loss at worst, a large saving when memory is busy.
+    # first, tested). A cast first writes a float32 copy of the whole decoded image, four times
+    # its bytes. Alone on one thread the copy resizes sooner (0.37 against 0.42 ms per 600x450
+    # image), but in the pipeline, two decoders sharing the memory bus, writing it costs more than
+    # the kernel saves whenever memory is busy (perf, 2-core AMD EPYC family 26: resize and cast
+    # 0.37-0.56 of the JPEG decode's CPU time, varying with the memory's load, against 0.31-0.37
+    # for this). Over nine full runs of `resize_orders` in benchmarks/input_pipeline.py on that
+    # machine, this order saved 0.14-0.30 CPU ms per image in four and lost 0.01-0.05 in five: a
+    # small loss at worst, a large saving when memory is busy. Time both orders in the pipeline,
+    # not on one thread, before changing this.
     resized = tf.image.resize(image, (size, size), method="bilinear")
     # Bilinear output stays within [0, 255]: +0.5 and truncation round it in one pass.
     return tf.cast(resized + 0.5, tf.uint8)
@@ -370,9 +372,9 @@ def make_dataset(
     # Records are shuffled encoded, before decoding: the buffer holds JPEGs, a tenth of the decoded
     # images' bytes, and every image is batched straight after its decode (decoded_batches). From
     # a bucket too: there the buffer waits for the first blocks of the files in the cycle before
-    # the first decode, and still the order was faster than shuffling decoded images in every
-    # comparison (epoch 1 against local disk, 0.88-0.94x against 0.81-0.88x;
-    # benchmarks/input_pipeline.py's files, alternating rounds, Zen 3).
+    # the first decode, yet this order is still faster than shuffling decoded images (epoch 1
+    # against local disk, 0.88-0.94x against 0.81-0.88x at N=1, 2 and 4;
+    # benchmarks/input_pipeline.py's files, alternating rounds, 2-core AMD EPYC family 25, Zen 3).
     batch_size = context.get_per_replica_batch_size(
         options.per_replica_batch_size * context.num_replicas_in_sync
     )
@@ -394,10 +396,11 @@ def make_dataset(
             # batches in a new order, each new batch drawn from `mixed` of them at once, and a
             # last shuffle within the batch's worth. A shuffle buffer of single images would
             # first copy a whole buffer's worth out of the cached batches before its first
-            # batch; this copies an image when it is needed (epoch 2 at N=4, 2-core EPYC family 26: 21,500
-            # img/s against 12,400). Each image is still copied twice (out of its batch, into the
-            # new one); a cache of single images was faster in later epochs (53,000-68,000
-            # img/s) but cost epoch 1 a copy of every image from memory.
+            # batch; this copies an image when it is needed (epoch 2 at N=4, 2-core AMD EPYC
+            # family 26: 21,500 img/s against 12,400). Each image is still copied twice (out of
+            # its batch, into the new one); a cache of single images makes later epochs faster
+            # (53,000-68,000 img/s there) but costs epoch 1 a copy of every image from memory,
+            # and epoch 1 is the one that decodes.
             mixed = max(1, options.shuffle_buffer // batch_size)
             later = dataset.shuffle(10_000, seed=options.seed, reshuffle_each_iteration=True).interleave(
                 lambda batch: tf.data.Dataset.from_tensors(batch).unbatch(), cycle_length=mixed, block_length=1)

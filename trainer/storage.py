@@ -21,16 +21,15 @@ from trainer import exits
 # importing TensorFlow unless the environment already has them (trainer.task).
 CLIENT_ENVIRONMENT = {
     # Every file opened for reading gets a zero-filled buffer of this size, and each refill of it
-    # is one request that must finish before any of its bytes are read (TensorFlow 2.21's default
-    # is 128 MB: 0.5 s of the client's kernel time per 72 MB epoch, faulting in fresh pages).
-    # Epoch 1 from a bucket against local disk, with benchmarks/input_pipeline.py's files (16
-    # shards of 4.5-7.4 MB, every request delayed 30 ms), lowest N=4 to highest N=1: on the
-    # 2-core AMD EPYC Zen 3 (alternating rounds in one process), 2 MB 0.73-0.82x, 4 MB
-    # 0.77-0.85x, 8 MB 0.75-0.92x; on the EPYC family 26 (alternating processes, before two
-    # faults of the local server that delayed some requests were fixed), 4 MB 0.69-0.78x, 8 MB
-    # 0.76-0.90x, 16 MB 0.84-0.89x. 8 MB, what Google's TF Model Garden images set, reads such
-    # shards in one request and zero-fills half of what 16 MB does for every small file. A 100 MB
-    # shard is 13 requests, read as the file is.
+    # is one request that must finish before any of its bytes are read. Too large wastes CPU:
+    # TensorFlow 2.21's default, 128 MB, costs the client 0.5 s of kernel time per 72 MB epoch,
+    # faulting in fresh pages. Too small pays Cloud Storage's first-byte wait more often: epoch 1
+    # from a bucket against local disk, benchmarks/input_pipeline.py's files (16 shards of
+    # 4.5-7.4 MB, every request delayed 30 ms), lowest at N=4 to highest at N=1, alternating
+    # rounds in one process on the 2-core AMD EPYC family 25 (Zen 3): 2 MB 0.73-0.82x, 4 MB
+    # 0.77-0.85x, 8 MB 0.75-0.92x. 8 MB, what Google's TF Model Garden images set, reads such
+    # shards in one request and zero-fills half of what 16 MB does for every small file. A
+    # 100 MB shard is 13 requests, read as the file is.
     "GCS_READ_CACHE_BLOCK_SIZE_MB": "8",
 }
 

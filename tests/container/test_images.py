@@ -39,8 +39,10 @@ def test_structure_tests_pass(flavour, request, engine):
 
 
 def test_structure_tests_leave_no_podman_service_behind(engine, cpu_image):
-    """A service left running once failed every later structure test: its socket outlived it, or
-    it outlived the checkout it was started from ("write child: broken pipe")."""
+    """A podman service left running fails every later structure test: its socket outlives it, or
+    it outlives the checkout it was started from ("write child: broken pipe"). So each run of
+    scripts/images.sh starts its own service and stops it, and a dead socket left behind at the
+    shared path must not be picked up."""
     tool, env = engine
     if tool != "podman":
         pytest.skip("only podman serves the Docker API from a service the script starts")
@@ -49,7 +51,7 @@ def test_structure_tests_leave_no_podman_service_behind(engine, cpu_image):
         listing = subprocess.run(["pgrep", "-af", "podman system service"], capture_output=True, text=True).stdout
         return "\n".join(line for line in listing.splitlines() if env["IMAGES_WORK"] in line)
 
-    stale = os.path.join(env["IMAGES_WORK"], "podman.sock")  # where earlier versions kept theirs
+    stale = os.path.join(env["IMAGES_WORK"], "podman.sock")  # a shared path, with nothing serving it
     if not os.path.exists(stale):
         with socket.socket(socket.AF_UNIX) as leftover:
             leftover.bind(stale)

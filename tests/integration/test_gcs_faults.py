@@ -115,8 +115,9 @@ def test_a_task_killed_mid_backup_write_resumes_from_the_last_complete_backup(gc
 
 
 def two_worker_args(tmp_path, data_root, bucket: str, every_steps: int) -> list[str]:
-    # A chief that lost its worker exits on its own once TensorFlow notices (143); that took over
-    # 20 s once on a loaded CI machine, so the launcher waits longer before its SIGKILL (137).
+    # A chief that lost its worker exits on its own once TensorFlow notices (143), which can take
+    # over 20 s on a loaded 2-core CI machine: the 60 s grace period lets that exit, not the
+    # launcher's SIGKILL (137), end the task.
     return ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "60", "--",
             "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "3", "--steps-per-epoch", "40",
             *SMALL_RUN, "--model-dir", f"gs://{bucket}/model", "--backup-every-steps", str(every_steps)]
