@@ -272,8 +272,8 @@ class _Listener(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
     # TensorFlow's client opens a new connection for every request, eight or more at once when a
-    # pipeline reads files in parallel. socketserver's default backlog of 5 dropped the rest,
-    # and each dropped connection waited a full second for its retry.
+    # pipeline reads files in parallel. socketserver's default backlog of 5 drops the rest, and
+    # each dropped connection waits a full second for its retry.
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], front: Front):
@@ -290,9 +290,9 @@ class _Listener(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     def get_request(self):
         connection, address = super().get_request()
-        # Without this, Nagle's algorithm held the last segment of a response until the client's
-        # delayed ACK (up to 40 ms): a 7 MB read took 70 ms instead of 30 on every other request,
-        # a wait real Cloud Storage does not add.
+        # Without this, Nagle's algorithm holds the last segment of a response until the client's
+        # delayed ACK (up to 40 ms): every other 7 MB read takes 70 ms instead of 30, a wait real
+        # Cloud Storage does not add.
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection, address
 
