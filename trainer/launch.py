@@ -112,6 +112,8 @@ class Job:
         os.makedirs(os.path.join(scratch, "tmp"), exist_ok=True)
         env = dict(os.environ)
         env.pop("CLUSTER_SPEC", None)
+        # The launcher filters what it relays itself: a relay per task would only add a process.
+        env.pop(logs.RELAY_VARIABLE, None)
         env["TF_CONFIG"] = tf_config(self.cluster, task)
         env["TMPDIR"] = os.path.join(scratch, "tmp")
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")

@@ -10,7 +10,8 @@ process environment TensorFlow reads at start-up, and hands over to the code for
 | worker or ps of such a job             | trainer.train_ps.serve     |
 | evaluator                              | trainer.evaluator          |
 
-Configuration errors end the process with one line on stderr and exit code 2.
+Configuration errors end the process with one line on stderr and exit code 2. A healthy job
+writes nothing to stderr in the images (trainer.logs).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def check_writable(*paths: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     logs.configure()
     try:
-        cluster = cluster_lib.resolve(os.environ)
+        # HOSTNAME from the kernel when the environment lacks it: a JobSet pod checks its
+        # cluster against its own hostname.
+        cluster = cluster_lib.resolve(cluster_lib.environ_with_hostname(os.environ))
         config = config_lib.parse(argv, os.environ, cluster)
     except (cluster_lib.ClusterConfigError, config_lib.ConfigError) as error:
         print(f"trainer.task: error: {error}", file=sys.stderr)
@@ -132,4 +135,7 @@ def _run_role(config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, stra
 
 
 if __name__ == "__main__":
+    # In the images: stderr through a filtering parent, before TensorFlow's libraries load and
+    # log (trainer.logs says why).
+    logs.relay_stderr_if_asked(os.environ)
     sys.exit(main())

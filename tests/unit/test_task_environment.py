@@ -1,0 +1,62 @@
+"""What trainer.task reads from its environment before anything else, and what trainer.launch gives
+each task: a JobSet pod's hostname from the kernel, and the stderr relay only where asked."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from trainer import cluster, launch, logs, task
+
+# A JobSet pod's variables, as the generated spec gives them, without HOSTNAME.
+JOBSET_POD = {"JOBSET_NAME": "tf", "JOBSET_REPLICATED_JOB": "worker", "JOBSET_JOB_INDEX": "0",
+              "JOBSET_PODS": "chief=1,worker=2", "JOB_COMPLETION_INDEX": "1"}
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    for name in ("TF_CONFIG", "CLUSTER_SPEC", "HOSTNAME", *cluster.JOBSET_VARIABLES, cluster.JOB_COMPLETION_INDEX):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in JOBSET_POD.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(task.logs, "configure", lambda: None)  # the test process keeps its logging
+
+
+def test_a_jobset_pod_without_hostname_in_its_environment_resolves_by_the_kernels_hostname(environ, monkeypatch, capsys):
+    monkeypatch.setattr(socket, "gethostname", lambda: "tf-worker-0-1")
+    # Resolved: the job gets as far as its flags (a bad one here, so nothing trains).
+    with pytest.raises(SystemExit) as stop:
+        task.main(["--epochs", "many"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("python -m trainer.task: error: argument --epochs")
+
+
+def test_a_jobset_pod_whose_kernel_hostname_is_another_pods_stops_with_one_line(environ, monkeypatch, capsys):
+    monkeypatch.setattr(socket, "gethostname", lambda: "tf-worker-0-0")
+    assert task.main(["--epochs", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'trainer.task: error: HOSTNAME is "tf-worker-0-0", but Kubernetes names pod 1 of Job tf-worker-0 '
+        '"tf-worker-0-1": JOBSET_NAME, JOBSET_REPLICATED_JOB and JOBSET_JOB_INDEX must come from this pod\'s own labels']
+
+
+def test_the_launchers_tasks_run_without_the_relay(monkeypatch, tmp_path):
+    """trainer.launch filters what it relays itself; a relay inside each task would be one more process."""
+    started = []
+
+    class Process:
+        pid, stdout = 0, iter(())
+
+        def __init__(self, command, env, **_):
+            started.append(env)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setenv(logs.RELAY_VARIABLE, "1")
+    monkeypatch.setattr(launch.subprocess, "Popen", Process)
+    cluster_spec, tasks = launch.plan_cluster(2, 0, False, [1, 2])
+    job = launch.Job(cluster_spec, tasks, [], str(tmp_path), parameter_server=False)
+    job.start(tasks[0])
+    assert started and logs.RELAY_VARIABLE not in started[0]
+    assert started[0]["TF_CONFIG"]  # the rest of its environment is there
