@@ -11,7 +11,7 @@ import logging
 
 import tensorflow as tf
 
-from trainer import model as model_lib, serving
+from trainer import model as model_lib, saving, serving
 from trainer.config import TrainConfig
 
 log = logging.getLogger("trainer")
@@ -28,5 +28,6 @@ def save_unsharded(config: TrainConfig, class_names, checkpoint: str) -> None:
     why); the checkpoint's variables are float32 under every policy."""
     with model_lib.float32_policy():
         model = load_checkpoint(config, len(class_names), checkpoint)
+    saving.compile_for_export(model)
     serving.save(model, config.model_dir, class_names, config.image_size)
     log.info("saved model to %s (from %s)", config.model_dir, checkpoint)

@@ -39,10 +39,21 @@ def save_path(model_dir: str, cluster: Cluster) -> Iterator[str]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def compile_for_export(model: tf.keras.Model) -> None:
+    """Gives the model to be saved the training's loss and metric. tf-keras's save builds the
+    compiled loss and metrics of the model it saves, and a model never compiled has none to
+    build: it logs a warning ("Compiled the loaded model, but the compiled metrics have yet to be
+    built") on stderr, in every task that saves. What compile adds is not served: the optimizer
+    it makes is left out of the SavedModel (serving.save); the metrics' counters (four scalars)
+    are saved."""
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+
 def save_model(model: tf.keras.Model, config: TrainConfig, cluster: Cluster, class_names) -> None:
     """Every task calls this, outside strategy.scope(); the chief's copy is the SavedModel with the
     serving signatures, in float32."""
     copy = model_lib.float32_copy(model, len(class_names), config.image_size, config.architecture, config.seed)
+    compile_for_export(copy)
     with save_path(config.model_dir, cluster) as path:
         serving.save(copy, path, class_names, config.image_size)
         if cluster.is_chief:
