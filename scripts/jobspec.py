@@ -232,10 +232,19 @@ def vertex_tuning_job(request: JobRequest, tuning: Tuning) -> dict:
     }
 
 
-# --- AI Platform Training (legacy) --------------------------------------------------------------
+# --- AI Platform Training (retired on 2025-04-07) -----------------------------------------------
+
+# Printed above the config.yaml: the service is gone, the shape it gives the trainer is not.
+AI_PLATFORM_HEADER = (
+    "# AI Platform Training config.yaml (trainingInput): the format of a retired service, shut down on\n"
+    "# 2025-04-07 (Vertex AI's deprecations page); `gcloud ai-platform jobs submit training` runs it no\n"
+    "# more. Kept because its cluster shape (a chief named `master` in CLUSTER_SPEC, and in TF_CONFIG\n"
+    "# without useChiefInTfConfig) still reaches the trainer. New jobs: `submit_job.py vertex`.\n")
+
 
 def ai_platform_config(request: JobRequest, region: str, tuning: Tuning | None = None) -> dict:
-    """config.yaml for `gcloud ai-platform jobs submit training --config`: a Job with trainingInput."""
+    """config.yaml in AI Platform Training's format (`gcloud ai-platform jobs submit training
+    --config`), a Job with trainingInput. The service is retired (AI_PLATFORM_HEADER)."""
     names = {"chief": "master", "worker": "worker", "ps": "parameterServer", "evaluator": "evaluator"}
     training: dict = {"scaleTier": "CUSTOM", "region": region, "useChiefInTfConfig": True, "args": list(request.trainer_args)}
     for pool in request.pools:

@@ -3,7 +3,7 @@
 
     python scripts/submit_job.py vertex      [options] [--dry-run] [-- TRAINER_ARGS]
     python scripts/submit_job.py hptune      [options] [--dry-run] [-- TRAINER_ARGS]
-    python scripts/submit_job.py ai-platform [options]              [-- TRAINER_ARGS]
+    python scripts/submit_job.py ai-platform [options]              [-- TRAINER_ARGS]   (retired service)
     python scripts/submit_job.py jobset      [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py tfjob       [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] vertex|hptune [options] [-- TRAINER_ARGS]
@@ -17,8 +17,11 @@ JobSet it runs one container per pod, as Kubernetes and JobSet would (scripts/lo
 
 --dry-run prints the spec (JSON for Vertex AI, YAML for the others) with no credentials and no
 network. Without it, `vertex` and `hptune` submit through google-cloud-aiplatform and print the
-job's resource name and console link; `ai-platform`, `jobset` and `tfjob` always print, for
-`gcloud ai-platform jobs submit training --config` and `kubectl apply -f`.
+job's resource name and console link; `jobset` and `tfjob` always print, for `kubectl apply -f`.
+`ai-platform` prints the config.yaml of AI Platform Training, the retired service (shut down on
+2025-04-07, Vertex AI's deprecations page), which nothing runs any more: it is kept because its
+cluster shape (a chief named `master` in CLUSTER_SPEC, and in TF_CONFIG without useChiefInTfConfig)
+still reaches the trainer, and the tests check the trainer against it.
 `jobset` is Kubernetes' own: a JobSet (jobset.x-k8s.io/v1alpha2, the JobSet controller), whose
 pods find their cluster themselves (trainer/cluster.py). `tfjob` is for clusters that still run
 Kubeflow training-operator 1.9, maintained only on its release-1.9 branch.
@@ -54,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "jobset", "tfjob"),
                         help="jobset: a Kubernetes JobSet (new clusters); tfjob: a Kubeflow TFJob, for clusters that "
-                        "still run training-operator 1.9 (maintained only on its release-1.9 branch)")
+                        "still run training-operator 1.9 (maintained only on its release-1.9 branch); ai-platform: "
+                        "the format of AI Platform Training, a retired service (shut down on 2025-04-07, Vertex AI's "
+                        "deprecations page), kept because its CLUSTER_SPEC and `master` chief still reach the "
+                        "trainer; new jobs go to vertex")
     parser.add_argument("--dry-run", action="store_true", help="print the spec; no credentials, no network")
     parser.add_argument("--self-check", action="store_true",
                         help="vertex: instead of training, run `python -m trainer.selfcheck` on one replica of the "
@@ -150,11 +156,13 @@ def build_spec(args) -> tuple[str, dict]:
 
 
 def yaml_header(spec: dict) -> str:
-    """The comment lines printed above a Kubernetes manifest: what it is and what it needs."""
+    """The comment lines printed above a YAML spec: what it is and what it needs."""
     if spec.get("kind") == "JobSet":
         return jobspec.jobset_header(spec)
     if spec.get("kind") == "TFJob":
         return jobspec.TFJOB_HEADER
+    if "trainingInput" in spec:
+        return jobspec.AI_PLATFORM_HEADER
     return ""
 
 
