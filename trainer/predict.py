@@ -134,4 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from trainer import logs
+
+    logs.relay_stderr_if_asked(os.environ)  # in the images: TensorFlow's load-time lines left out
     sys.exit(main())
