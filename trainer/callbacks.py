@@ -18,22 +18,50 @@ class EpochLog(tf.keras.callbacks.Callback):
     would otherwise print the same all-reduced numbers again. After BackupAndRestore in the
     callback list, so a resumed run's first line names the epoch it resumed at."""
 
-    def __init__(self, epochs: int, with_metrics: bool = True):
+    def __init__(self, epochs: int, with_metrics: bool = True, num_classes: int | None = None):
         super().__init__()
         self.epochs = epochs
         self.with_metrics = with_metrics
+        self.num_classes = num_classes
         self.started = time.monotonic()
+        self.last_logs: dict = {}
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started = time.monotonic()
         log.info("epoch %d/%d begins", epoch + 1, self.epochs)
 
     def on_epoch_end(self, epoch, logs=None):
+        self.last_logs = dict(logs or {})
         if not self.with_metrics:
             log.info("epoch %d/%d ends", epoch + 1, self.epochs)
             return
         metrics = " ".join(f"{name}={value:.4f}" for name, value in sorted((logs or {}).items()))
         log.info("epoch %d/%d ends: %s (%.1fs)", epoch + 1, self.epochs, metrics, time.monotonic() - self.started)
+
+
+    def on_train_end(self, logs=None):
+        if self.with_metrics and self.num_classes:
+            line = accuracy_meaning(self.last_logs, self.num_classes)
+            if line:
+                log.info("%s", line)
+
+
+def accuracy_meaning(logs: dict, num_classes: int) -> str | None:
+    """One line saying what the last epoch's accuracy means: a share of images classified right,
+    against what guessing would score. A newcomer cannot tell 0.2 from learning without it."""
+    name = "val_accuracy" if "val_accuracy" in logs else "accuracy" if "accuracy" in logs else None
+    if name is None:
+        return None
+    value, chance = float(logs[name]), 1.0 / num_classes
+    images = "validation images" if name == "val_accuracy" else "training images (no validation data)"
+    if value >= 2 * chance:
+        verdict = f"{value / chance:.1f}x chance: the model learned"
+    elif value > 1.25 * chance:
+        verdict = "above chance but not far: train longer or on more data"
+    else:
+        verdict = "no better than guessing: the model has not learned (yet)"
+    return (f"final {name}={value:.4f}: the share of {images} whose class the model ranks first; "
+            f"guessing among {num_classes} classes scores {chance:.2f}, so this is {verdict}")
 
 
 class HypertuneReport(tf.keras.callbacks.Callback):

@@ -15,6 +15,12 @@ from typing import Mapping, Sequence
 from trainer import outputs, precision
 from trainer.cluster import Cluster
 
+# --learning-rate auto: Adam's rate for fine-tuning pretrained weights (the codelab's 1e-4, small
+# enough to keep the ImageNet features) and for training from scratch (--weights none), where
+# every weight starts random and Adam's usual 1e-3 is the rate the learning tests measured.
+TRANSFER_LEARNING_RATE = 1e-4
+SCRATCH_LEARNING_RATE = 1e-3
+
 STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "one_device", "parameter_server")
 CACHE_MODES = ("auto", "always", "never")
 DATASET_SCHEMES = ("tfds", "tfrecord", "synthetic")
@@ -101,6 +107,15 @@ def _backup_every(text: str) -> int | None:
     return None if text == "auto" else _non_negative_int(text)
 
 
+def _learning_rate(text: str) -> float | None:
+    return None if text == "auto" else _positive_float(text)
+
+
+def default_learning_rate(weights: str) -> float:
+    """--learning-rate auto: from scratch with --weights none, else fine-tuning."""
+    return SCRATCH_LEARNING_RATE if weights == "none" else TRANSFER_LEARNING_RATE
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -148,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-replica-batch-size", type=_positive_int, default=64,
         help="examples per replica per step; the global batch is this times the replicas in sync",
     )
-    train.add_argument("--learning-rate", type=_positive_float, default=1e-4, help="Adam learning rate")
+    train.add_argument(
+        "--learning-rate", type=_learning_rate, default="auto",
+        help=f"Adam learning rate; auto: {TRANSFER_LEARNING_RATE:g} to fine-tune pretrained weights, "
+        f"{SCRATCH_LEARNING_RATE:g} from scratch (--weights none), where it also ramps up linearly over the "
+        f"first epoch and ResNet50's batch-norm statistics follow the weights faster (trainer.model)",
+    )
     train.add_argument("--image-size", type=_positive_int, default=300, help="square input size in pixels")
     train.add_argument("--seed", type=int, default=42, help="seed for weights, shuffling and augmentation")
 
@@ -290,7 +310,7 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str], cluster: Clust
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
         per_replica_batch_size=args.per_replica_batch_size,
-        learning_rate=args.learning_rate,
+        learning_rate=default_learning_rate(args.weights) if args.learning_rate is None else args.learning_rate,
         image_size=args.image_size,
         seed=args.seed,
         strategy=args.strategy,

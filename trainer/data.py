@@ -89,10 +89,15 @@ def sharding_mode(num_files: int, num_pipelines: int) -> str:
     return "FILE" if num_pipelines <= 1 or num_files >= num_pipelines else "DATA"
 
 
-def should_cache(mode: str, num_examples: int, image_size: int, num_pipelines: int) -> bool:
-    """--cache-images: always, never, or auto (when this worker's share fits in memory)."""
+def should_cache(mode: str, num_examples: int, image_size: int, num_pipelines: int,
+                 examples_read: int | None = None) -> bool:
+    """--cache-images: always, never, or auto (when this worker's share fits in memory and the job
+    reads all of it: `examples_read`, this pipeline's images over the whole job, when known).
+    tf.data discards a cache its iterator did not fill to the end, and says so on stderr."""
     if mode != "auto":
         return mode == "always"
+    if examples_read is not None and examples_read < num_examples / max(num_pipelines, 1):
+        return False
     estimate = (num_examples / max(num_pipelines, 1)) * image_size * image_size * 3
     return estimate < CACHE_MEMORY_FRACTION * available_memory_bytes()
 

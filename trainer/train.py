@@ -37,12 +37,16 @@ def epoch_plan(config: TrainConfig, train: data.Split, validation: data.Split | 
     return steps, validation_steps
 
 
-def pipeline_options(config: TrainConfig, split: data.Split, training: bool, num_pipelines: int, trace_path=None):
+def pipeline_options(config: TrainConfig, split: data.Split, training: bool, num_pipelines: int, trace_path=None,
+                     examples_read: int | None = None):
+    """`examples_read`: what one pipeline reads over the whole job, when known (a job that reads
+    less than a pass does not cache)."""
     return data.PipelineOptions(
         image_size=config.image_size,
         per_replica_batch_size=config.per_replica_batch_size,
         training=training,
-        cache=data.should_cache(config.cache_images, split.num_examples, config.image_size, num_pipelines),
+        cache=data.should_cache(config.cache_images, split.num_examples, config.image_size, num_pipelines,
+                                examples_read),
         shuffle_buffer=config.shuffle_buffer,
         seed=config.seed,
         trace_path=trace_path,
@@ -133,20 +137,25 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
     if config.trace_input_dir:
         os.makedirs(config.trace_input_dir, exist_ok=True)
         trace_path = os.path.join(config.trace_input_dir, f"{cluster.task_name}.ids")
-    train_options = pipeline_options(config, train_split, True, num_pipelines, trace_path)
+    def read_per_pipeline(steps_per_epoch: int) -> int:
+        return config.epochs * steps_per_epoch * global_batch // num_pipelines
+
+    train_options = pipeline_options(config, train_split, True, num_pipelines, trace_path, read_per_pipeline(steps))
     train_dataset = strategy.distribute_datasets_from_function(
         lambda context: data.make_dataset(train_split, train_options, context)
     )
     validation_dataset = None
     if validation_split is not None:
-        validation_options = pipeline_options(config, validation_split, False, num_pipelines)
+        validation_options = pipeline_options(config, validation_split, False, num_pipelines,
+                                              examples_read=read_per_pipeline(validation_steps))
         validation_dataset = strategy.distribute_datasets_from_function(
             lambda context: data.make_dataset(validation_split, validation_options, context).repeat()
         )
 
     with strategy.scope():
         model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
-        model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
+        model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile,
+                                 model_lib.warmup_steps(config.weights, steps))
 
     # First, so that a resumed run starts at the step it reached.
     backup = preemption.StepBackup(backup_dir(config), config.backup_every_steps, steps, cluster.is_chief,
@@ -157,7 +166,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
         tf.keras.callbacks.ModelCheckpoint(checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
         # Progress from the chief only: every worker would print the same metrics again.
-        callbacks.EpochLog(config.epochs, with_metrics=cluster.is_chief),
+        callbacks.EpochLog(config.epochs, with_metrics=cluster.is_chief, num_classes=train_split.num_classes),
     ]
     if cluster.is_chief:
         callback_list.append(callbacks.HypertuneReport(config.hypertune_metric))

@@ -89,7 +89,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
 
     with strategy.scope():
         model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
-        model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile)
+        model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile,
+                                 model_lib.warmup_steps(config.weights, steps))
     log.info("classes: %d (%s)", train_split.num_classes, ", ".join(train_split.class_names))
     log.info("variables sharded over ps: %s", describe_sharding(model))
 
@@ -99,7 +100,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         backup,
         tf.keras.callbacks.ModelCheckpoint(train.checkpoint_pattern(config), save_weights_only=True),
         tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
-        callbacks.EpochLog(config.epochs, with_metrics=True),
+        callbacks.EpochLog(config.epochs, with_metrics=True, num_classes=train_split.num_classes),
         callbacks.HypertuneReport(config.hypertune_metric),
     ]
     try:
