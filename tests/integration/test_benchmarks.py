@@ -1,18 +1,41 @@
-"""Smoke runs of the benchmark scripts: they run end to end and print their summary.
-(The figures themselves are not checked: timings on shared machines are noise.)"""
+"""Smoke runs of the benchmark scripts: they run end to end, print their summary and write their
+results file for this machine kind. (The figures themselves are not checked: timings on shared
+machines are noise.)"""
 
+import datetime
 import re
 import subprocess
 import sys
 
 from helpers import REPO, clean_env
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import kind_slug  # noqa: E402
 
-def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "benchmarks/input_pipeline.py", "--images", "128", "--repeats", "1", "--workers", "1,2",
-         "--data-dir", str(tmp_path), "--results", str(tmp_path / "RESULTS.md")],
-        capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+
+def results_file(root, benchmark, stdout, argv, days):
+    """The one file a run wrote under `root`: named for the machine kind, its heading naming the
+    machine the run printed, then the run's date (one of `days`) and its exact command."""
+    written = sorted((root / benchmark).glob("*.md"))
+    assert len(written) == 1 and f"results: {written[0]}" in stdout, (written, stdout)
+    machine = re.search(r"^machine: (.+)$", stdout, re.M).group(1)
+    assert written[0].name == f"{kind_slug(machine)}.md"
+    text = written[0].read_text()
+    heading, dated = text.splitlines()[0], text.splitlines()[2]
+    assert heading == f"# {benchmark} on {machine}", text
+    command = " ".join(["python", f"benchmarks/{benchmark}.py", *argv])
+    assert re.fullmatch(rf"(\d{{4}}-\d\d-\d\d), `{re.escape(command)}`, \d+ CPUs, \S+\.", dated), dated
+    assert dated.split(",")[0] in days, dated
+    return text
+
+
+def test_input_pipeline_benchmark_prints_its_summary_and_writes_its_results_file(tmp_path):
+    argv = ["--images", "128", "--repeats", "1", "--workers", "1,2", "--data-dir", str(tmp_path / "data"),
+            "--results-dir", str(tmp_path / "results")]
+    days = {datetime.date.today().isoformat()}
+    result = subprocess.run([sys.executable, "benchmarks/input_pipeline.py", *argv],
+                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+    days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:]
     summary = re.search(r"^summary: n1_epoch1_speedup=(\d+\.\d\d) n2_epoch1_speedup=(\d+\.\d\d) "
                         r"n2_epoch2_speedup=(\d+\.\d\d) n2_decode_limit_fraction=\d+\.\d\d "
@@ -54,14 +77,17 @@ def test_input_pipeline_benchmark_prints_its_summary(tmp_path):
     orders = re.search(r"^Resize in the pipeline \(N=1, epoch 1\): from uint8 ([\d,]+) img/s, (\d+\.\d{3}) CPU ms/image; "
                        r"from float32 copy ([\d,]+) img/s, (\d+\.\d{3}) CPU ms/image\.$", result.stdout, re.M)
     assert orders and all(float(v.replace(",", "")) > 0 for v in orders.groups()), result.stdout
-    table = (tmp_path / "RESULTS.md").read_text()
+    table = results_file(tmp_path / "results", "input_pipeline", result.stdout, argv, days)
     assert table.count("| 2 |") == 4 and "summary:" in table and ceiling.group(0) in table and verdict.group(0) in table
     assert stages[-1][0] in table and orders.group(0) in table
 
 
-def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
-    result = subprocess.run([sys.executable, "benchmarks/train_step.py", "--steps", "1", "--batch", "2", "--image-size", "32",
-                             "--repeats", "1"], capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_writes_its_results_file(tmp_path):
+    argv = ["--steps", "1", "--batch", "2", "--image-size", "32", "--repeats", "1", "--results-dir", str(tmp_path)]
+    days = {datetime.date.today().isoformat()}
+    result = subprocess.run([sys.executable, "benchmarks/train_step.py", *argv],
+                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+    days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:]
     policy = re.search(r"^device: .*; --mixed-precision auto picks (\S+) \((.*)\)$", result.stdout, re.M).group(1)
     assert re.search(r"^machine: .+: ", result.stdout, re.M), result.stdout  # figures say where they come from
@@ -76,3 +102,27 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default():
                                                                 result.stdout, re.M)]
     assert len(trainer_rates) >= 2  # the default and the other policy
     assert abs(float(summary.group(2)) - float(default.group(1)) / max(trainer_rates)) < 0.02
+    # The results file holds the same rows and summary as the printed ones.
+    text = results_file(tmp_path, "train_step", result.stdout, argv, days)
+    rows = re.findall(r"^(\S.*?) +(\d+\.\d\d) img/s  x(\d+\.\d\d)$", result.stdout, re.M)
+    assert rows and all(f"| {name} | {rate} | x{ratio} |" in text for name, rate, ratio in rows), text
+    assert re.search(r"^summary: .*$", result.stdout, re.M).group(0) in text
+
+
+def test_time_to_accuracy_benchmark_prints_both_times_and_their_ratio(tmp_path):
+    """Tiny sizes and a target of 0: each recipe stops after its first epoch, so the smoke run checks
+    the machinery (both jobs, the clocks, the ratio and the results file), not the speed."""
+    argv = ["--workers", "1", "--images", "16", "--image-size", "32", "--batch", "4", "--target", "0",
+            "--max-epochs", "1", "--data-dir", str(tmp_path / "data"), "--results-dir", str(tmp_path / "results")]
+    days = {datetime.date.today().isoformat()}
+    result = subprocess.run([sys.executable, "benchmarks/time_to_accuracy.py", *argv],
+                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+    days.add(datetime.date.today().isoformat())
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    rows = dict(re.findall(r"^\| (lab|trainer \(\S+\)) \| (\d+\.\d) s \| 1 \| \d\.\d\d \|$", result.stdout, re.M))
+    assert len(rows) == 2, result.stdout
+    lab, trainer = (float(rows[name]) for name in sorted(rows))
+    ratio = float(re.search(r"^summary: trainer_over_lab=(\d+\.\d\d)$", result.stdout, re.M).group(1))
+    assert abs(ratio - trainer / lab) < 0.02, result.stdout  # the ratio of the printed times
+    text = results_file(tmp_path / "results", "time_to_accuracy", result.stdout, argv, days)
+    assert f"summary: trainer_over_lab={ratio:.2f}" in text and "| lab |" in text
