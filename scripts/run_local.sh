@@ -12,7 +12,10 @@ model_dir=${MODEL_DIR:-output/model}
 if [ $# -eq 0 ]; then
   # Generated once here: both workers would otherwise generate the same files at once on the
   # same cores (each keeps the first copy finished), twice the time for one result.
-  .venv/bin/python -c 'import trainer; from trainer import sources, synthetic; synthetic.ensure(sources.DEFAULT_CACHE_DIR, 384)'
+  # Through trainer.logs' relay, as the trainer runs in the images: TensorFlow's load-time lines
+  # are left out here too.
+  TF_CPP_MIN_LOG_LEVEL=1 .venv/bin/python -c 'from trainer import logs; logs.relay_stderr()
+from trainer import sources, synthetic; synthetic.ensure(sources.DEFAULT_CACHE_DIR, 384)'
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
