@@ -188,3 +188,14 @@ def write_image_folder(root: Path, per_class: int = 8) -> Path:
             image = synthetic.make_image(rng, label, size=(60, 80))
             (root / name / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(image).numpy())
     return root
+
+
+def assert_bad_data_stop_said(stderr: str) -> None:
+    """A `--max-bad-examples 3` stop on stderr: each image skipped named, then the job's own line,
+    last and the only error line, and no traceback."""
+    lines = stderr.splitlines()
+    assert lines[-1] == ("trainer.task: error: more than 3 undecodable images in one pass over this task's data "
+                         "(--max-bad-examples); the images skipped are named above"), stderr[-3000:]
+    assert [line for line in lines if "trainer.task: error:" in line] == lines[-1:]
+    assert len([line for line in lines if re.search(r'trainer: skipping undecodable image "broken-\d"', line)]) >= 3
+    assert "Traceback" not in stderr
