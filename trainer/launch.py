@@ -9,14 +9,22 @@ parameter servers serve. --evaluator adds the side-car evaluator-0.
 Each task gets its own TF_CONFIG, naming free localhost ports, and its own scratch directory
 (TMPDIR, the hypertune metrics file), as if it ran on a machine of its own. Every output line
 is prefixed with the task's name; the known-harmless lines TensorFlow's runtime prints in every
-task (trainer/logs.py) are left out and counted at the end (--all-logs keeps them).
+task (trainer/relay.py) are left out and counted at the end (--all-logs keeps them).
 
-The job ends as a real cluster job does:
+The job ends as a cluster job does:
 - a synchronous job fails as soon as any task fails: the others are stopped;
-- a ParameterServer job lives and dies with its coordinator; a failed worker is restarted,
-  as Vertex AI restarts a preempted replica, and rejoins;
+- a ParameterServer job lives and dies with its coordinator. A worker that exits is started
+  again, at most 3 times, and rejoins: what Vertex AI does for a replica lost to VM maintenance
+  (`submit_job.py local --maintenance`), and a JobSet for a PSS worker's pod. It is not Vertex's
+  rule for a replica that exits non-zero by itself: that fails the whole job on Vertex, and the
+  rehearsal (scripts/rehearsal/vertex.py) applies it. Here the restart lets a test kill a worker
+  and see the coordinator carry on;
 - once the chief has finished, servers are stopped and the evaluator's last evaluation is
   awaited.
+
+This is the one runner of processes, apart from the rehearsal's runner of containers on purpose:
+it lives in the trainer package, which the images carry, needs no container engine and nothing
+of scripts/, and is what the integration tests run jobs with.
 Tasks are stopped as the platforms stop them: SIGTERM, then SIGKILL after --grace-period
 seconds, so a trainer can save a backup and exit on its own (exit 143, trainer.exits). A task
 killed by a signal is reported as 128 + the signal, as a shell would. Killing the launcher
@@ -39,7 +47,7 @@ import threading
 import time
 from typing import Sequence
 
-from trainer import logs
+from trainer import relay
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -113,7 +121,7 @@ class Job:
         env = dict(os.environ)
         env.pop("CLUSTER_SPEC", None)
         # The launcher filters what it relays itself: a relay per task would only add a process.
-        env.pop(logs.RELAY_VARIABLE, None)
+        env.pop(relay.RELAY_VARIABLE, None)
         env["TF_CONFIG"] = tf_config(self.cluster, task)
         env["TMPDIR"] = os.path.join(scratch, "tmp")
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
@@ -136,7 +144,7 @@ class Job:
 
     def _relay(self, name: str, process: subprocess.Popen) -> None:
         for line in process.stdout:
-            if not self.all_logs and logs.is_harmless(line):
+            if not self.all_logs and relay.is_harmless(line):
                 self.hidden_lines += 1
                 continue
             with self.print_lock:
@@ -171,7 +179,7 @@ class Job:
             for reader in self.readers:
                 reader.join(timeout=5)
             if self.hidden_lines:
-                self.say(f"hid {self.hidden_lines} known-harmless TensorFlow lines (trainer/logs.py says why; "
+                self.say(f"hid {self.hidden_lines} known-harmless TensorFlow lines (trainer/relay.py says why; "
                          f"--all-logs shows them)")
             self.say("task exit codes: " + " ".join(f"{name}={exit_code(p.returncode)}" for name, p in self.processes.items()))
         return code
@@ -250,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_SECONDS,
                         help="seconds between SIGTERM and SIGKILL when tasks are stopped, as a platform gives them")
     parser.add_argument("--all-logs", action="store_true",
-                        help="also relay the known-harmless TensorFlow lines every task prints (trainer/logs.py)")
+                        help="also relay the known-harmless TensorFlow lines every task prints (trainer/relay.py)")
     parser.add_argument("--work-dir", default=None,
                         help="per-task scratch dirs (TMPDIR, hypertune metrics); default a temp dir, removed at the end")
     parser.add_argument("task_args", nargs=argparse.REMAINDER, help="-- then trainer.task flags")

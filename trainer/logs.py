@@ -1,60 +1,24 @@
-"""How the trainer's processes log, and the known-harmless TensorFlow messages removed on purpose.
+"""How the trainer's processes log: one format, progress to stdout, problems to stderr.
 
 Every process logs `HH:MM:SS trainer: ...` lines: progress (INFO) to stdout, warnings and errors
 to stderr. Vertex AI's Cloud Logging gives every stderr line severity ERROR and every stdout line
 INFO, so a run that logged its progress to stderr would read as a stream of errors
-(GoogleCloudPlatform/vertex-ai-samples#242). What TensorFlow prints that is
-harmless and only repeats in every task is removed here, each with the reason, and nowhere else:
-
-- in each trainer process (`configure`), the Python-side messages: TensorFlow's INFO lines
-  (one per collective all-reduce) and one Keras warning our own code triggers (below);
-- the lines TensorFlow's C++ runtime writes straight to file descriptor 2, which no Python
-  filter sees (`is_harmless`), left out by the process that reads them from a pipe:
-  `trainer.launch`, which relays every task's output, and, in the images, `relay_stderr`
-  (below). TF_CPP_MIN_LOG_LEVEL cannot hide them: they are logged while TensorFlow's libraries
-  load, before TensorFlow applies that variable, and absl, which writes them, reads no
-  environment variable at all.
-
-`relay_stderr` exists because a filter inside the process itself would have to hold back
-stderr, and a fatal error's last line (a C++ CHECK, an abort) could then be lost with the
-process. A parent that reads the pipe loses nothing: the kernel keeps what the child wrote until
-it is read.
+(GoogleCloudPlatform/vertex-ai-samples#242). In each process (`configure`), TensorFlow's
+Python-side messages that are harmless and only repeat in every task are left out here, each
+with its reason: its INFO lines (one per collective all-reduce) and one Keras warning our own code
+triggers (below). What TensorFlow's C++ runtime writes straight to file descriptor 2 no Python
+filter sees: trainer/relay.py leaves those lines out, from outside the process.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import os
-import re
-import signal
 import sys
-import threading
-from typing import Mapping
-
-# C++ runtime lines, matched anywhere in a line, and why each is harmless.
-HARMLESS_LINES = {
-    "Input of GeneratorDatasetOp::Dataset will not be optimized":
-        "tf.distribute's own per-device prefetch (a MultiDeviceIterator, under every strategy's "
-        "distribute_datasets_from_function) is a generator dataset that tf.data cannot rewrite; "
-        "our pipeline before it is optimized as usual, and iterated alone it prints nothing",
-    "All log messages before absl::InitializeLog() is called are written to STDERR":
-        "absl saying it logs to stderr, where everything goes anyway",
-    "oneDNN custom operations are on.":
-        "an INFO line, logged once by each of two libraries as it loads, on CPUs with AVX-512 VNNI, "
-        "AVX512-BF16, AVX-VNNI or AMX (TensorFlow's port.cc), before TF_CPP_MIN_LOG_LEVEL, which "
-        "hides every later INFO line, applies; trainer.precision's log says how the job computes",
-}
-_HARMLESS = re.compile("|".join(re.escape(text) for text in HARMLESS_LINES))
 
 # Keras times the first batches' callbacks against the step. Our preemption vote
 # (trainer.preemption.StepAgreement) reads a value the step computes, so it waits for the step
 # to finish on the device, and Keras books that wait as the callback's time.
 _KERAS_FALSE_ALARM = "Callback method `on_train_batch_end` is slow compared to the batch time"
-
-
-def is_harmless(line: str) -> bool:
-    return _HARMLESS.search(line) is not None
 
 
 class _DropKerasFalseAlarm(logging.Filter):
@@ -89,105 +53,3 @@ def configure() -> None:
     for noisy in ("tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("tensorflow").addFilter(_DropKerasFalseAlarm())
-
-
-# The images set it (Dockerfile.cpu, Dockerfile.gpu): `python -m trainer.task` then runs under
-# relay_stderr. Anywhere else the process is left as it is started (trainer.launch filters what
-# it relays itself and clears the variable for its tasks).
-RELAY_VARIABLE = "TRAINER_RELAY_STDERR"
-
-# What a platform sends a job's main process: Vertex AI and Kubernetes SIGTERM before a stop,
-# an engine's `kill -s`, a terminal's Ctrl-C. SIGKILL cannot be forwarded: the child dies with
-# its parent instead (PR_SET_PDEATHSIG).
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-
-# How long the parent keeps reading after its child has exited: what the child wrote before it
-# exited is read at once; only a grandchild that kept the pipe open could write later.
-_DRAIN_SECONDS = 10.0
-
-
-def relay_stderr_if_asked(environ: Mapping[str, str]) -> None:
-    if environ.get(RELAY_VARIABLE, "") not in ("", "0"):
-        relay_stderr()
-
-
-def relay_stderr() -> None:
-    """Forks. The child returns from here and runs the job with its stderr on a pipe. This process
-    copies that pipe to the real stderr without the known-harmless lines, forwards the signals a
-    platform sends to the child, and exits as the child did (the same code, or 128 + the signal
-    that killed it, as a container engine reports it). In the parent, never returns.
-
-    Call it first, before TensorFlow is imported and before any thread starts."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()  # or both processes would write what was buffered before the fork
-    read_end, write_end = os.pipe()
-    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)  # a signal now waits for its handler
-    parent = os.getpid()
-    child = os.fork()
-    if child == 0:
-        os.close(read_end)
-        os.dup2(write_end, 2)
-        os.close(write_end)
-        # Its own process group: a terminal's Ctrl-C reaches the child once, forwarded.
-        os.setpgid(0, 0)
-        _die_with_parent(parent)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-        return
-    os.close(write_end)
-
-    def forward(signum, _frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-    copier = threading.Thread(target=copy_without_harmless, args=(read_end, 2), daemon=True)
-    copier.start()
-    _, status = os.waitpid(child, 0)
-    copier.join(timeout=_DRAIN_SECONDS)
-    _exit_as(os.waitstatus_to_exitcode(status))
-
-
-def copy_without_harmless(read_fd: int, write_fd: int) -> None:
-    """Copies lines from `read_fd` to `write_fd` until end of file, leaving out the harmless ones.
-    A line is written whole as soon as it is complete; a last line without a newline at the end.
-    Keeps reading when the destination is gone, so the writer never blocks on a full pipe."""
-    writable = True
-    with io.open(read_fd, "rb") as source:
-        for line in source:
-            if not writable or is_harmless(line.decode("utf-8", errors="replace")):
-                continue
-            try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(write_fd, view):]
-            except OSError:
-                writable = False
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies: a parent killed with SIGKILL cannot forward it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return  # not Linux: the child then outlives a parent killed with SIGKILL
-    if os.getppid() != parent:  # the parent died before the request was in place
-        os._exit(128 + signal.SIGKILL)
-
-
-def _exit_as(code: int) -> None:
-    if code < 0:
-        signum = -code
-        # The same signal again, so that whatever waits for this process sees it die of it. As
-        # PID 1 of a container the kernel ignores it: the exit code says the same thing.
-        signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-        os.kill(os.getpid(), signum)
-        code = 128 + signum
-    os._exit(code)

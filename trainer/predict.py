@@ -134,7 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer import logs
+    from trainer import relay
 
-    logs.relay_stderr_if_asked(os.environ)  # in the images: TensorFlow's load-time lines left out
-    sys.exit(main())
+    relay.run(main)

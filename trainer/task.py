@@ -11,7 +11,7 @@ process environment TensorFlow reads at start-up, and hands over to the code for
 | evaluator                              | trainer.evaluator          |
 
 Configuration errors end the process with one line on stderr and exit code 2. A healthy job
-writes nothing to stderr in the images (trainer.logs).
+writes nothing to stderr in the images (trainer.relay).
 """
 
 from __future__ import annotations
@@ -135,7 +135,6 @@ def _run_role(config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, stra
 
 
 if __name__ == "__main__":
-    # In the images: stderr through a filtering parent, before TensorFlow's libraries load and
-    # log (trainer.logs says why).
-    logs.relay_stderr_if_asked(os.environ)
-    sys.exit(main())
+    from trainer import relay
+
+    relay.run(main)

@@ -1,6 +1,6 @@
 """stderr inside the CPU image, which Vertex AI's Cloud Logging shows as ERROR: empty for a healthy
 job; one line for a bad flag or a bad-data stop. The image's entrypoint runs as PID 1, as Vertex
-AI and Kubernetes run it (no --init), so its stderr relay (trainer/logs.py) is PID 1 too."""
+AI and Kubernetes run it (no --init), so its stderr relay (trainer/relay.py) is PID 1 too."""
 
 from __future__ import annotations
 

@@ -340,9 +340,9 @@ for _ in range(3):
 
 
 def test_the_generator_dataset_warning_comes_from_tf_distribute_not_our_pipeline(eight_files):
-    """Why trainer/logs.py may drop it: iterated alone our pipeline prints nothing; the one line
+    """Why trainer/relay.py may drop it: iterated alone our pipeline prints nothing; the one line
     appears once tf.distribute's per-device prefetch wraps it, even in one process."""
-    from trainer import logs
+    from trainer import relay
 
     split, _ = eight_files
     printed = {}
@@ -352,7 +352,7 @@ def test_the_generator_dataset_warning_comes_from_tf_distribute_not_our_pipeline
         assert result.returncode == 0, result.stderr[-2000:]
         printed[mode] = [line for line in result.stderr.splitlines() if "GeneratorDatasetOp" in line]
     assert printed["alone"] == []
-    assert len(printed["distributed"]) == 1 and logs.is_harmless(printed["distributed"][0])
+    assert len(printed["distributed"]) == 1 and relay.is_harmless(printed["distributed"][0])
 
 
 def test_files_in_a_bucket_are_read_eight_at_once_and_local_files_as_autotune_says():

@@ -124,8 +124,8 @@ def test_a_bad_data_stop_is_its_line_on_stderr_through_the_relay(tmp_path):
 
 RELAYED = """
 import os, signal, sys, time
-from trainer import logs
-logs.relay_stderr()
+from trainer import relay
+relay.relay_stderr()
 """
 
 
@@ -204,7 +204,7 @@ def _alive(pid: int) -> bool:
 
 def test_only_the_variable_the_images_set_turns_the_relay_on():
     # Elsewhere (and under trainer.launch) trainer.task runs as the one process it was started as.
-    script = "import os; from trainer import logs; logs.relay_stderr_if_asked(os.environ); print(os.getpid())"
+    script = "import os; from trainer import relay; relay.relay_stderr_if_asked(os.environ); print(os.getpid())"
     for value, relays in (("1", True), ("0", False), ("", False)):
         process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=clean_env(TRAINER_RELAY_STDERR=value),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

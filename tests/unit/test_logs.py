@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from helpers import REPO
-from trainer import logs
+from trainer import logs, relay
 
 REAL_LINES = [
     "W0000 00:00:1795377681.420217   13677 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will not be optimized "
@@ -22,14 +22,14 @@ REAL_LINES = [
 
 
 def test_the_runtimes_harmless_lines_are_recognised():
-    assert all(logs.is_harmless(line) for line in REAL_LINES)
+    assert all(relay.is_harmless(line) for line in REAL_LINES)
 
 
 def test_other_warnings_and_errors_are_kept():
     for line in ("W0000 00:00:1.0 1 op_kernel.cc:1780] OP_REQUIRES failed at xla_ops.cc:296 : UNIMPLEMENTED",
                  "trainer.task: error: lost worker-0 of this multi_worker_mirrored job",
                  "F0000 00:00:1.0 1 dataset.cc:12] Check failed: GeneratorDataset"):
-        assert not logs.is_harmless(line)
+        assert not relay.is_harmless(line)
 
 
 def test_the_keras_false_alarm_is_dropped_and_other_tensorflow_warnings_kept(caplog):
@@ -49,7 +49,7 @@ def copied(chunks: list[bytes]) -> bytes:
     """What copy_without_harmless passes on when `chunks` are written to its pipe one by one."""
     source_read, source_write = os.pipe()
     sink_read, sink_write = os.pipe()
-    copier = threading.Thread(target=logs.copy_without_harmless, args=(source_read, sink_write))
+    copier = threading.Thread(target=relay.copy_without_harmless, args=(source_read, sink_write))
     copier.start()
     for chunk in chunks:
         os.write(source_write, chunk)
@@ -76,7 +76,7 @@ def test_the_relay_keeps_draining_when_its_destination_is_gone():
     source_read, source_write = os.pipe()
     sink_read, sink_write = os.pipe()
     os.close(sink_read)  # writes to sink_write now fail (EPIPE)
-    copier = threading.Thread(target=logs.copy_without_harmless, args=(source_read, sink_write))
+    copier = threading.Thread(target=relay.copy_without_harmless, args=(source_read, sink_write))
     copier.start()
     for _ in range(200):  # far more than a pipe holds: a copier that stopped reading would block this
         os.write(source_write, b"x" * 1000 + b"\n")
@@ -93,13 +93,13 @@ def test_the_images_hide_tensorflows_info_lines_and_relay_the_trainers_stderr(do
         if line.startswith("ENV "):
             environment.update(item.split("=", 1) for item in shlex.split(re.sub(r"\$\w+", "", line[4:])))
     assert environment.get("TF_CPP_MIN_LOG_LEVEL") == "1"  # INFO hidden, warnings kept
-    assert environment.get(logs.RELAY_VARIABLE) == "1"
+    assert environment.get(relay.RELAY_VARIABLE) == "1"
 
 
 def test_only_a_set_variable_asks_for_the_relay(monkeypatch):
     calls = []
-    monkeypatch.setattr(logs, "relay_stderr", lambda: calls.append(True))
+    monkeypatch.setattr(relay, "relay_stderr", lambda: calls.append(True))
     for value, relays in (("1", True), ("0", False), ("", False), (None, False)):
         calls.clear()
-        logs.relay_stderr_if_asked({} if value is None else {logs.RELAY_VARIABLE: value})
+        relay.relay_stderr_if_asked({} if value is None else {relay.RELAY_VARIABLE: value})
         assert bool(calls) == relays, value

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from trainer import cluster, launch, logs, task
+from trainer import cluster, launch, relay, task
 
 # A JobSet pod's variables, as the generated spec gives them, without HOSTNAME.
 JOBSET_POD = {"JOBSET_NAME": "tf", "JOBSET_REPLICATED_JOB": "worker", "JOBSET_JOB_INDEX": "0",
@@ -53,10 +53,10 @@ def test_the_launchers_tasks_run_without_the_relay(monkeypatch, tmp_path):
         def poll(self):
             return 0
 
-    monkeypatch.setenv(logs.RELAY_VARIABLE, "1")
+    monkeypatch.setenv(relay.RELAY_VARIABLE, "1")
     monkeypatch.setattr(launch.subprocess, "Popen", Process)
     cluster_spec, tasks = launch.plan_cluster(2, 0, False, [1, 2])
     job = launch.Job(cluster_spec, tasks, [], str(tmp_path), parameter_server=False)
     job.start(tasks[0])
-    assert started and logs.RELAY_VARIABLE not in started[0]
+    assert started and relay.RELAY_VARIABLE not in started[0]
     assert started[0]["TF_CONFIG"]  # the rest of its environment is there
