@@ -3,7 +3,7 @@
 # answers: podman and buildah to build and run (catatonit for --init, the dnsname plugin so that
 # containers on one network find each other by name), skopeo to inspect, debootstrap for CI's stand-in
 # base image, docker-registry for a local registry, curl to ask the podman API service whether it
-# is up, fuse3 for the /gcs/ files of a local Vertex rehearsal (scripts/gcs_fuse.py). A no-op when
+# is up, fuse3 for the /gcs/ files of a local Vertex rehearsal (scripts/rehearsal/gcs_fuse.py). A no-op when
 # they are all there.
 set -euo pipefail
 needed=(podman buildah runc skopeo debootstrap docker-registry catatonit golang-github-containernetworking-plugin-dnsname curl fuse3)

@@ -4,25 +4,17 @@ one request.
 Pure functions: no cloud SDK, no network. `scripts/submit_job.py` prints or submits what these
 build; the tests load them into each platform's own schema. `cluster_environments` derives the
 TF_CONFIG / CLUSTER_SPEC each replica would be given, as each platform sets them (for a JobSet,
-each pod's whole environment as Kubernetes builds it, `jobset_pods`), so the specs can be checked
+each pod's whole environment as Kubernetes builds it, scripts/rehearsal/jobset.py), so the specs can be checked
 against `trainer.cluster` without running anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import re
-import sys
-import uuid
 
-try:
-    from trainer import cluster as trainer_cluster  # imports no TensorFlow
-except ImportError:  # python scripts/submit_job.py puts scripts/, not the repo root, on sys.path
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from trainer import cluster as trainer_cluster
+from trainer import cluster as trainer_cluster  # imports no TensorFlow
 
 # Which accelerators each machine family can take (Vertex AI / Compute Engine).
 ACCELERATORS_BY_FAMILY = {
@@ -467,131 +459,6 @@ def _check_jobset_names(name: str, pools) -> None:
                         f"63 characters; use at most {63 - (len(longest) - len(name))}")
 
 
-def jobset_pods(manifest: dict) -> list[dict]:
-    """Every pod of a JobSet manifest as Kubernetes would create it, read from the manifest alone
-    (generated or written by hand): JobSet's Jobs `{jobset}-{replicatedJob}-{jobIndex}` and the
-    labels and annotations it puts on their pods, the Indexed Job controller's hostname, completion
-    index and JOB_COMPLETION_INDEX, and each container's environment with every downward-API
-    fieldRef resolved against those labels, `$(VAR)` expanded, and HOSTNAME as the runtime sets it.
-    Each pod: {name, hostname, subdomain, namespace, replicated_job, job_index, completion_index,
-    labels, annotations, containers: [{name, image, command, args, ports, env}], env (the first
-    container's)}. `name` is JobSet's pod name; Kubernetes adds 5 random characters to it.
-    The JobSet webhook's create-time defaults apply (enableDNSHostnames true, completionMode
-    Indexed, replicas 1). Raises SpecError for what Kubernetes would refuse or leave unknowable
-    before a pod runs."""
-    metadata, spec = manifest["metadata"], manifest["spec"]
-    jobset, namespace = metadata["name"], metadata.get("namespace", "default")
-    network = spec.get("network") or {}
-    subdomain = (network.get("subdomain") or jobset) if network.get("enableDNSHostnames", True) else None
-    replicated_jobs = spec["replicatedJobs"]
-    replicas = {rjob["name"]: int(rjob.get("replicas", 1)) for rjob in replicated_jobs}
-    groups = {rjob["name"]: rjob.get("groupName", "default") for rjob in replicated_jobs}
-    jobset_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"jobset:{namespace}/{jobset}"))  # assigned by the API server
-    coordinator = spec.get("coordinator")
-    pods = []
-    global_index = 0
-    for position, rjob in enumerate(replicated_jobs):
-        rjob_name, group = rjob["name"], groups[rjob["name"]]
-        # Jobs of the same group before this replicatedJob's, for its job-group-index.
-        group_before = sum(replicas[r["name"]] for r in replicated_jobs[:position] if groups[r["name"]] == group)
-        job_spec = rjob["template"]["spec"]
-        mode = job_spec.get("completionMode", "Indexed")
-        if mode != "Indexed":
-            raise SpecError(f"replicatedJob {rjob_name}: completionMode {mode}: its pods have no index and no stable hostname")
-        if "completions" not in job_spec:
-            raise SpecError(f"replicatedJob {rjob_name}: an Indexed Job needs completions")
-        completions, parallelism = int(job_spec["completions"]), int(job_spec.get("parallelism", 1))
-        if parallelism < completions:
-            raise SpecError(f"replicatedJob {rjob_name}: parallelism {parallelism} starts only that many of its "
-                            f"{completions} pods at a time; a TensorFlow cluster needs all of them running")
-        pod_template = job_spec["template"]
-        for job_index in range(replicas[rjob_name]):
-            job_name = f"{jobset}-{rjob_name}-{job_index}"
-            jobset_keys = {
-                "jobset.sigs.k8s.io/jobset-name": jobset,
-                "jobset.sigs.k8s.io/jobset-uid": jobset_uid,
-                "jobset.sigs.k8s.io/replicatedjob-name": rjob_name,
-                "jobset.sigs.k8s.io/restart-attempt": "0",
-                "jobset.sigs.k8s.io/replicatedjob-replicas": str(replicas[rjob_name]),
-                "jobset.sigs.k8s.io/global-replicas": str(sum(replicas.values())),
-                "jobset.sigs.k8s.io/job-index": str(job_index),
-                "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),
-                "jobset.sigs.k8s.io/job-global-index": str(global_index + job_index),
-                "jobset.sigs.k8s.io/group-name": group,
-                "jobset.sigs.k8s.io/group-replicas": str(sum(n for r, n in replicas.items() if groups[r] == group)),
-                "jobset.sigs.k8s.io/job-group-index": str(group_before + job_index),
-            }
-            if coordinator:
-                jobset_keys["jobset.sigs.k8s.io/coordinator"] = (
-                    f"{jobset}-{coordinator['replicatedJob']}-{coordinator.get('jobIndex', 0)}-"
-                    f"{coordinator.get('podIndex', 0)}.{network.get('subdomain') or jobset}")
-            job_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"job:{namespace}/{job_name}"))
-            for index in range(completions):
-                hostname = f"{job_name}-{index}"
-                template_metadata = pod_template.get("metadata") or {}
-                labels = {**(template_metadata.get("labels") or {}), **jobset_keys,
-                          "batch.kubernetes.io/controller-uid": job_uid, "batch.kubernetes.io/job-name": job_name,
-                          "controller-uid": job_uid, "job-name": job_name,
-                          "batch.kubernetes.io/job-completion-index": str(index)}
-                annotations = {**(template_metadata.get("annotations") or {}), **jobset_keys,
-                               "batch.kubernetes.io/job-completion-index": str(index)}
-                pod = {"name": hostname, "hostname": hostname, "subdomain": subdomain, "namespace": namespace,
-                       "replicated_job": rjob_name, "job_index": job_index, "completion_index": index,
-                       "labels": labels, "annotations": annotations}
-                pod["containers"] = [_pod_container(container, pod, pod_template["spec"])
-                                     for container in pod_template["spec"]["containers"]]
-                pod["env"] = pod["containers"][0]["env"]
-                pods.append(pod)
-        global_index += replicas[rjob_name]
-    return pods
-
-
-_FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']*)'\]")
-_ENV_REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
-
-
-def _expand(text: str, variables: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: a defined variable's value, `$$` a literal `$`, anything else as is."""
-    return _ENV_REFERENCE.sub(lambda match: "$" if match.group(0) == "$$" else variables.get(match.group(1), match.group(0)),
-                              text)
-
-
-def _pod_container(container: dict, pod: dict, pod_spec: dict) -> dict:
-    """One container of `pod` with its environment, command and args as the kubelet and the runtime
-    build them."""
-    where = f"{pod['name']} container {container['name']}"
-    if container.get("envFrom"):
-        raise SpecError(f"{where}: envFrom reads ConfigMaps or Secrets, which exist only in a cluster")
-    defined: dict[str, str] = {}  # what $(VAR) may refer to: the entries before it
-    for entry in container.get("env", []):
-        if "valueFrom" in entry:
-            defined[entry["name"]] = _field_value(entry["valueFrom"], pod, pod_spec, f"{where} env {entry['name']}")
-        else:
-            defined[entry["name"]] = _expand(entry.get("value", ""), defined)
-    # The Job controller adds JOB_COMPLETION_INDEX to every container that does not define it.
-    defined.setdefault(trainer_cluster.JOB_COMPLETION_INDEX, str(pod["completion_index"]))
-    command, args = container.get("command"), container.get("args")
-    return {"name": container["name"], "image": container.get("image"),
-            "command": None if command is None else [_expand(part, defined) for part in command],
-            "args": None if args is None else [_expand(part, defined) for part in args],
-            "ports": container.get("ports", []), "env": {"HOSTNAME": pod["hostname"], **defined}}
-
-
-def _field_value(source: dict, pod: dict, pod_spec: dict, where: str) -> str:
-    """A downward-API value, as the kubelet resolves it for `pod` (a missing label gives "")."""
-    if set(source) != {"fieldRef"}:
-        raise SpecError(f"{where}: valueFrom.{next(iter(source))} is known only inside a cluster")
-    path = source["fieldRef"]["fieldPath"]
-    match = _FIELD_PATH.fullmatch(path)
-    if match:
-        return pod[match.group(1)].get(match.group(2), "")
-    known = {"metadata.name": pod["name"], "metadata.namespace": pod["namespace"],
-             "spec.serviceAccountName": pod_spec.get("serviceAccountName", "default")}
-    if path not in known:
-        raise SpecError(f"{where}: fieldRef {path} is known only once the pod runs")
-    return known[path]
-
-
 # --- What each replica is told ----------------------------------------------------------------
 
 def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
@@ -602,7 +469,7 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
     than one replica (Vertex's "Distributed training" page);
     ai-platform: CLUSTER_SPEC with `master`, TF_CONFIG with `chief` (useChiefInTfConfig);
     tfjob: TF_CONFIG from the replica types, the evaluator left out of the cluster;
-    jobset: no cluster variable; each pod's whole environment (`jobset_pods`), from which
+    jobset: no cluster variable; each pod's whole environment (rehearsal.jobset.jobset_pods), from which
     trainer.cluster finds the cluster itself.
     """
     if platform == "vertex":
@@ -652,5 +519,7 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
         return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"})}
                 for rtype, h in hosts.items() for i in range(len(h))]
     if platform == "jobset":
+        from scripts.rehearsal.jobset import jobset_pods
+
         return [pod["env"] for pod in jobset_pods(spec)]
     raise ValueError(f"unknown platform {platform!r}")

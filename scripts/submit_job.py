@@ -12,8 +12,9 @@
     python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] --jobset JOBSET.yaml
 
 `local` runs the CustomJob (or HyperparameterTuningJob) on this machine, one container per
-replica, as Vertex AI would run it (scripts/local_job.py); it needs docker or podman. With a
-JobSet it runs one container per pod, as Kubernetes and JobSet would (scripts/local_jobset.py).
+replica, as Vertex AI would run it; with a JobSet, one container per pod, as Kubernetes and JobSet
+would. It needs docker or podman. The rehearsal is the package scripts/rehearsal/ (its
+__init__ says which module does what).
 
 --dry-run prints the spec (JSON for Vertex AI, YAML for the others) with no credentials and no
 network. Without it, `vertex` and `hptune` submit through google-cloud-aiplatform and print the
@@ -37,12 +38,11 @@ import json
 import os
 import sys
 
-try:
-    from scripts import jobspec, local_job, local_jobset  # python -m scripts.submit_job, or imported from the repo root
-except ImportError:  # python scripts/submit_job.py: Python puts scripts/ itself first on sys.path
-    import jobspec
-    import local_job
-    import local_jobset
+if not __package__:  # run as a file (python scripts/submit_job.py): the repo root is where `scripts` is found
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from scripts import jobspec  # noqa: E402
+from scripts.rehearsal import jobset as rehearsal_jobset, session, storage, vertex as rehearsal_vertex  # noqa: E402
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -187,32 +187,33 @@ def submit(target: str, spec: dict, project: str | None, region: str) -> None:
 
 
 def build_local_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/submit_job.py local", description=local_job.__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="scripts/submit_job.py local", description=session.__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--spec", help="a CustomJob or HyperparameterTuningJob JSON (what --dry-run prints, or your own)")
+    parser.add_argument("--jobset", metavar="FILE",
+                        help="run this JobSet's pods instead (YAML, '-' for stdin; or give `jobset` and its options): "
+                             "hostnames, environment and restart rules as Kubernetes and JobSet apply them")
     parser.add_argument("--engine", choices=("docker", "podman"), default=None, help="default: docker if its daemon answers, else podman")
     parser.add_argument("--real-gcs", action="store_true",
                         help="use Google's Cloud Storage with your Application Default Credentials instead of a local server")
     parser.add_argument("--stage", action="append", default=[], metavar="LOCAL=gs://BUCKET/PREFIX",
                         help="copy local files into the local server's bucket before the job (repeatable)")
-    parser.add_argument("--jobset", metavar="FILE",
-                        help="run this JobSet's pods instead (YAML, '-' for stdin; or give `jobset` and its options): "
-                             "hostnames, environment and restart rules as Kubernetes and JobSet apply them")
     parser.add_argument("--keep", metavar="DIR", help="after the job, copy the local server's buckets to DIR/BUCKET/")
     parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS",
                         help="a Spot preemption of REPLICA (e.g. workerpool1-0) SECONDS after the start, or REPLICA@/REGEX/ "
-                        "when it prints a matching line: the job fails with STOCKOUT and restarts whole (repeatable)")
+                        "when it prints a matching line: the job fails with STOCKOUT and restarts whole; for a JobSet, "
+                        "POD@SECONDS evicts that pod (DisruptionTarget) (repeatable)")
     parser.add_argument("--maintenance", action="append", default=[], metavar="REPLICA@SECONDS",
                         help="VM maintenance on REPLICA, as --preempt: it alone comes back on another machine "
                         "(every replica with restartJobOnWorkerRestart) (repeatable)")
-    parser.add_argument("--replica-restarts", type=int, default=local_job.REPLICA_RESTARTS,
+    parser.add_argument("--replica-restarts", type=int, default=rehearsal_vertex.REPLICA_RESTARTS,
                         help="restarts of a replica after maintenance before the whole job is retried (Vertex: 5)")
-    parser.add_argument("--job-retries", type=int, default=local_job.JOB_RETRIES,
+    parser.add_argument("--job-retries", type=int, default=rehearsal_vertex.JOB_RETRIES,
                         help="retries of the whole job after a possibly transient exit (SIGABRT, SIGSEGV) (Vertex: 3)")
     parser.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
-                        help="a host the replicas may reach through the proxy besides Cloud Storage, e.g. pypi.org "
+                        help="a host the containers may reach through the proxy besides Cloud Storage, e.g. pypi.org "
                         "for a job that installs packages at start (port 443 unless given; repeatable)")
-    parser.add_argument("--public-gcs", default=local_job.PUBLIC_GCS, metavar="URL",
+    parser.add_argument("--public-gcs", default=storage.PUBLIC_GCS, metavar="URL",
                         help="where objects of buckets the rehearsal does not hold are read from, anonymously "
                         "({host} is the Google host asked); 'none' answers them as missing")
     parser.add_argument("--seed", type=int, default=0, help="tuning: the random search's seed")
@@ -222,60 +223,48 @@ def build_local_parser() -> argparse.ArgumentParser:
 
 
 def local(argv: list[str]) -> int:
-    """`local`: the spec from --spec or from the vertex/hptune options, run on this machine."""
+    """`local`: the spec from --spec / --jobset, or from the vertex/hptune/jobset options, run on this machine."""
     split = argv.index("--") if "--" in argv else len(argv)
     target_at = next((i for i, a in enumerate(argv[:split]) if a in ("vertex", "hptune", "jobset")), split)
     options = build_local_parser().parse_args(argv[:target_at])
-    if options.jobset or (target_at < split and argv[target_at] == "jobset"):
-        return local_jobset_run(options, argv[target_at:split] if target_at < split else [], argv[split + 1:])
-    if target_at < split:
-        if options.spec:
-            raise jobspec.SpecError("give either --spec FILE or vertex/hptune options, not both")
-        args = build_parser().parse_args(argv[target_at:split])
-        args.trainer_args = argv[split + 1:]
-        _, spec = build_spec(args)
-    elif options.spec:
-        try:
-            with open(options.spec) as file:
-                spec = json.load(file)
-        except (OSError, ValueError) as error:
-            raise jobspec.SpecError(f"--spec {options.spec}: {error}") from None
-    else:
-        raise jobspec.SpecError("local needs --spec FILE, or vertex/hptune followed by their options")
-    if options.replica_restarts < 0 or options.job_retries < 0:
-        raise jobspec.SpecError("--replica-restarts and --job-retries are 0 or more")
-    if options.print_compose:
-        import yaml
-
-        _, job_spec = local_job.job_spec_of(spec)
-        credentials = local_job.default_credentials() if options.real_gcs else None
-        print(yaml.safe_dump(local_job.compose_file(job_spec, "local", credentials), sort_keys=False), end="")
-        return 0
-    preemptions = [local_job.parse_preemption(text) for text in options.preempt]
-    preemptions += [local_job.parse_preemption(text, "maintenance") for text in options.maintenance]
-    return local_job.run(spec, engine=options.engine, real_gcs=options.real_gcs, preemptions=preemptions,
-                         stages=options.stage, keep_dir=options.keep, replica_restarts=options.replica_restarts,
-                         job_retries=options.job_retries, seed=options.seed, allow_hosts=options.allow_host,
-                         public_gcs=None if options.public_gcs == "none" else options.public_gcs)
-
-
-def local_jobset_run(options, target_args: list[str], trainer_args: list[str]) -> int:
-    """`local --jobset FILE` or `local jobset ...`: a JobSet's pods as containers on this machine."""
-    from_options = [flag for flag, given in (("--spec", options.spec), ("--real-gcs", options.real_gcs),
-                                             ("--stage", options.stage), ("--keep", options.keep),
-                                             ("--maintenance", options.maintenance), ("--allow-host", options.allow_host),
-                                             ("--print-compose", options.print_compose)) if given]
-    if from_options:
-        raise jobspec.SpecError(f"{', '.join(from_options)}: for Vertex jobs; a JobSet rehearsal takes --engine and --preempt")
-    if options.jobset and target_args:
-        raise jobspec.SpecError("give either --jobset FILE or jobset options, not both")
+    target_args, trainer_args = argv[target_at:split], argv[split + 1:]
+    platform = session.JOBSET if options.jobset or target_args[:1] == ["jobset"] else session.VERTEX
+    given = [flag for flag, value in (("--spec", options.spec), ("--jobset", options.jobset)) if value]
+    if len(given) > 1 or (given and target_args):
+        raise jobspec.SpecError("give one of --spec FILE, --jobset FILE, or vertex/hptune/jobset followed by their options")
+    if platform == session.JOBSET:
+        vertex_only = [flag for flag, value in (("--print-compose", options.print_compose), ("--seed", options.seed),
+                                                ("--replica-restarts", options.replica_restarts != rehearsal_vertex.REPLICA_RESTARTS),
+                                                ("--job-retries", options.job_retries != rehearsal_vertex.JOB_RETRIES))
+                       if value]
+        if vertex_only:
+            raise jobspec.SpecError(f"{', '.join(vertex_only)}: for Vertex jobs, not a JobSet")
     if target_args:
         args = build_parser().parse_args(target_args)
         args.trainer_args = trainer_args
-        _, manifest = build_spec(args)
+        _, document = build_spec(args)
+    elif options.jobset:
+        document = rehearsal_jobset.load(options.jobset)
+    elif options.spec:
+        try:
+            with open(options.spec) as file:
+                document = json.load(file)
+        except (OSError, ValueError) as error:
+            raise jobspec.SpecError(f"--spec {options.spec}: {error}") from None
     else:
-        manifest = local_jobset.load(options.jobset)
-    return local_jobset.run(manifest, engine=options.engine, preemptions=options.preempt)
+        raise jobspec.SpecError("local needs --spec FILE, --jobset FILE, or vertex/hptune/jobset followed by their options")
+    if options.print_compose:
+        import yaml
+
+        _, job_spec = rehearsal_vertex.job_spec_of(document)
+        credentials = storage.default_credentials() if options.real_gcs else None
+        print(yaml.safe_dump(rehearsal_vertex.compose_file(job_spec, "local", credentials), sort_keys=False), end="")
+        return 0
+    return session.rehearse(platform, document, session.Options(
+        engine=options.engine, real_gcs=options.real_gcs, stages=tuple(options.stage), keep_dir=options.keep,
+        allow_hosts=tuple(options.allow_host), public_gcs=None if options.public_gcs == "none" else options.public_gcs,
+        preempt=tuple(options.preempt), maintenance=tuple(options.maintenance),
+        vertex=rehearsal_vertex.Options(options.replica_restarts, options.job_retries, options.seed)))
 
 
 def main(argv=None) -> int:

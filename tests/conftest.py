@@ -28,9 +28,9 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
-    """The local Cloud Storage server (scripts/local_gcs.py), one for the whole session; every
+    """The local Cloud Storage server (scripts/rehearsal/local_gcs.py), one for the whole session; every
     test makes buckets of its own."""
-    from scripts.local_gcs import LocalGCS
+    from scripts.rehearsal.local_gcs import LocalGCS
 
     with LocalGCS(tmp_path_factory.mktemp("gcs")) as server:
         yield server

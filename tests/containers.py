@@ -25,11 +25,24 @@ def image_env(**extra) -> dict:
 
 
 def engine_settings() -> dict[str, str]:
-    """ENGINE, IMAGES_WORK and the engine's variables, from scripts/engine.py as every script gets them."""
-    from scripts import engine
+    """ENGINE, IMAGES_WORK and the engine's variables, from scripts/rehearsal/engine.py as every script gets them."""
+    from scripts.rehearsal import engine
 
     chosen = engine.settings()
     return {"ENGINE": chosen.engine, "IMAGES_WORK": chosen.images_work, **chosen.environ}
+
+
+def leftovers(engine) -> list[str]:
+    """What a rehearsal left on this machine (scripts/rehearsal/session.py says what it looks for);
+    every rehearsal test asserts it is empty. The test session's own servers (the integration
+    tier's) are its children, and not counted."""
+    import os
+
+    from scripts.rehearsal.engine import Engine
+    from scripts.rehearsal.session import leftovers as left_by_rehearsals
+
+    tool, env = engine
+    return left_by_rehearsals(Engine(tool, env), parent=os.getpid())
 
 
 def build_env(base_image: str) -> dict:

@@ -1,9 +1,10 @@
-"""The container engine every script and test of the project uses, and its settings on this machine.
+"""The container engine every script and test of the project uses: which one, its settings on this
+machine, and (`Engine`) the one driver of its command line.
 
-    python3 scripts/engine.py           prints `export NAME=VALUE` lines for a shell (scripts/engine.sh)
+    python3 scripts/rehearsal/engine.py   prints `export NAME=VALUE` lines for a shell (scripts/engine.sh)
 
-One answer for everything that runs containers (scripts/images.sh, scripts/standin_base.sh,
-`submit_job.py local` and the container tests), so that all of them see the same images:
+One answer for everything that runs containers (scripts/images.sh, scripts/standin_base.sh, the
+rehearsal and the container tests), so that all of them see the same images:
 - docker, when its daemon answers;
 - otherwise podman, with buildah to build, daemonless.
 
@@ -19,12 +20,13 @@ containers.conf named by CONTAINERS_CONF:
 Everything else stays podman's default. The file lives under IMAGES_WORK (default
 /var/tmp/cassava-images-UID), with the scripts' other scratch files.
 
-Standard library only: scripts/engine.sh runs this with whatever python3 the machine has.
+Standard library only: scripts/engine.sh runs this file with whatever python3 the machine has.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import resource
 import shlex
@@ -127,6 +129,72 @@ def settings(requested: str | None = None, environ: Mapping[str, str] = os.envir
     conf = os.path.join(work, "containers.conf")
     _write_if_changed(conf, machine_containers_conf())
     return Settings("podman", "buildah", work, {"CONTAINERS_CONF": conf})
+
+
+ENGINE_FAILURE_EXIT = 125  # what docker and podman themselves return when they, not the command, failed
+
+
+class Engine:
+    """docker or podman, through its command line, with the settings `settings` gives every script
+    of the project (so it sees the images scripts/images.sh builds)."""
+
+    def __init__(self, tool: str, environ: Mapping[str, str] | None = None):
+        self.tool = tool
+        self.environ = {**os.environ, **(environ or {})}
+
+    @staticmethod
+    def detect(requested: str | None = None) -> "Engine":
+        """Raises EngineError, one line, when no engine can be used."""
+        chosen = settings(requested)
+        return Engine(chosen.engine, chosen.environ)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self.tool, *args], capture_output=True, text=True, env=self.environ)
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        result = self.run(*args)
+        if check and result.returncode != 0:
+            raise EngineError(f"{self.tool} {' '.join(args[:2])}: {last_line(result.stderr) or result.returncode}")
+        return result.stdout
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([self.tool, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", env=self.environ)
+
+    def create_network(self, name: str) -> tuple[str, str]:
+        """Creates a network; (its subnet, the host's address on it)."""
+        self("network", "create", name)
+        info = json.loads(self("network", "inspect", name))[0]
+        if "subnets" in info:  # podman
+            subnet = info["subnets"][0]
+            return subnet["subnet"], subnet["gateway"]
+        config = info["IPAM"]["Config"][0]  # docker
+        return config["Subnet"], config["Gateway"]
+
+    def state(self, container: str, field: str) -> str | None:
+        """A field of the container's State, as the engine prints it; None if there is no such container."""
+        inspected = self.run("inspect", "--format", f"{{{{.State.{field}}}}}", container)
+        return inspected.stdout.strip() if inspected.returncode == 0 else None
+
+    def has_started(self, container: str) -> bool:
+        """Whether the container's command has ever run (a container that could not start has
+        the zero time). True for a container that is gone: nothing more can be said of it."""
+        started = self.state(container, "StartedAt")
+        return started is None or not started.startswith("0001-01-01")
+
+    def out_of_memory(self, container: str) -> bool:
+        return self.state(container, "OOMKilled") == "true"
+
+    def gpu_flags(self) -> list[str]:
+        """What gives a container this machine's NVIDIA GPUs; none where there are none."""
+        if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
+            return []
+        return ["--gpus", "all"] if self.tool == "docker" else ["--device", "nvidia.com/gpu=all"]
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def main() -> int:

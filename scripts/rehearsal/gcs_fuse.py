@@ -1,8 +1,8 @@
 """The local Cloud Storage server's buckets as files, as Cloud Storage FUSE shows them on Vertex AI.
 
-    python -m scripts.gcs_fuse --api http://127.0.0.1:PORT MOUNTPOINT
+    python -m scripts.rehearsal.gcs_fuse --api http://127.0.0.1:PORT MOUNTPOINT
 
-On Vertex AI every bucket is readable and writable under /gcs/BUCKET/. `scripts/local_job.py`
+On Vertex AI every bucket is readable and writable under /gcs/BUCKET/. `storage.py`
 mounts this on the host and binds it into every replica at /gcs, so a file written under
 /gcs/BUCKET/x is the object gs://BUCKET/x and the other way round, from any replica, while the
 job runs.

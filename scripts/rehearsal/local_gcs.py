@@ -1,6 +1,6 @@
 """A local Cloud Storage server that TensorFlow's own gs:// client talks to unchanged.
 
-    python -m scripts.local_gcs [--root DIR] [--bucket NAME ...] [--latency-ms MS]
+    python -m scripts.rehearsal.local_gcs [--root DIR] [--bucket NAME ...] [--latency-ms MS]
 
 prints the environment to export in another shell, then serves until Ctrl-C. The tests use the
 same class (`LocalGCS`) through a pytest fixture.
@@ -11,7 +11,7 @@ Why it is more than fake-gcs-server alone:
   `https_proxy` pointing at `Front`, a CONNECT proxy that answers for those two hosts with a
   certificate from a CA made here. (A container can map the hostnames to `Front` with
   --add-host instead: it takes TLS directly as well.) What else it tunnels is its caller's
-  choice: nothing for a job's containers (scripts/local_job.py), anything for the processes of
+  choice: nothing for a rehearsal's containers (storage.py), anything for the processes of
   this machine that the command line serves (they reach the network anyway).
 - TensorFlow sends `Transfer-Encoding: identity` with uploads; Go's HTTP server (fake-gcs-server)
   answers 501. Real Cloud Storage ignores the header, and so does `Front`: it forwards each

@@ -8,20 +8,17 @@ severity, line.
 
 from __future__ import annotations
 
-import glob
 import http.server
 import json
-import os
 import re
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 
 import pytest
 
-from containers import SMALL_TRAINING, sh
+from containers import SMALL_TRAINING, leftovers
 from helpers import REPO, backups_reported, clean_env, resumed_at, run_module, write_image_folder
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -37,7 +34,7 @@ def dry_run(*args: str, image: str) -> dict:
 
 
 def user_env(**extra) -> dict:
-    """A user's shell: none of the engine's settings (scripts/engine.py's) that the tests' own
+    """A user's shell: none of the engine's settings (scripts/rehearsal/engine.py's) that the tests' own
     engine commands use."""
     return {k: v for k, v in clean_env(**extra).items() if not k.startswith("CONTAINERS_")}
 
@@ -62,24 +59,6 @@ def lines(output: str, source: str, severity: str | None = None) -> list[str]:
         if len(parts) >= 2 and parts[0] == source and (severity is None or parts[1] == severity):
             found.append(parts[2] if len(parts) == 3 else "")
     return found
-
-
-def leftovers(engine) -> list[str]:
-    """What a rehearsal left on this machine: its containers and networks, its FUSE mount, its
-    Cloud Storage server and FUSE processes, and its scratch directory (which holds the TLS key)."""
-    tool, env = engine
-    containers = sh(tool, "ps", "-a", "--format", "{{.Names}}", env=env).stdout.split()
-    networks = sh(tool, "network", "ls", "--format", "{{.Name}}", env=env).stdout.split()
-    left = [name for name in containers + networks if name.startswith("vertex-local-")]
-    with open("/proc/mounts") as mounts:
-        left += [f"mount {line.split()[1]}" for line in mounts if "/vertex-local-" in line.split()[1]]
-    # This test session's own servers (the integration tier's) are its children; a rehearsal's
-    # left behind would have outlived the runner and been re-parented.
-    processes = [line.split(None, 2) for line in sh("ps", "-eo", "pid=,ppid=,args=").stdout.splitlines()]
-    left += [f"process {args}" for pid, ppid, args in processes
-             if ("fake-gcs-server" in args or "scripts.gcs_fuse" in args) and int(ppid) != os.getpid()]
-    left += [f"directory {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), "vertex-local-*"))]
-    return left
 
 
 def summary(output: str) -> dict[str, tuple[list[int], int]]:

@@ -1,5 +1,5 @@
 """gs:// end to end: real TensorFlow processes read and write a local Cloud Storage server
-(scripts/local_gcs.py) at Google's hostnames, through TensorFlow's own GCS client."""
+(scripts/rehearsal/local_gcs.py) at Google's hostnames, through TensorFlow's own GCS client."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def test_parameter_server_job_with_evaluator_keeps_its_checkpoints_in_the_bucket
 
 
 def test_the_local_server_script_prints_exports_that_work_and_stops_cleanly(tmp_path):
-    server = subprocess.Popen([sys.executable, "-m", "scripts.local_gcs", "--bucket", "script-bucket"], cwd=REPO,
+    server = subprocess.Popen([sys.executable, "-m", "scripts.rehearsal.local_gcs", "--bucket", "script-bucket"], cwd=REPO,
                               env=clean_env(), stdout=subprocess.PIPE, text=True)
     try:
         exports = {}

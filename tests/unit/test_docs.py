@@ -417,11 +417,11 @@ def check_submit_job(command: Command) -> None:
                 trainer_args = split_at_dashes(argv)[1]
                 code, out, err = run_submit_job([*target, *(["--", *trainer_args] if "--" in argv else [])])
                 assert code == 0 and "kind: JobSet" in out, f"{command}: exit {code}: {last_line(err)}"
-                from scripts import jobspec, local_jobset
+                from scripts.rehearsal import jobset
 
-                pods = {pod["hostname"] for pod in jobspec.jobset_pods(yaml.safe_load(out))}
+                pods = {pod["hostname"] for pod in jobset.jobset_pods(yaml.safe_load(out))}
                 for text in submit_job.build_local_parser().parse_args(options).preempt:
-                    assert local_jobset.parse_eviction(text).replica in pods, f"{command}: {text} names no pod of {sorted(pods)}"
+                    assert jobset.parse_eviction(text).replica in pods, f"{command}: {text} names no pod of {sorted(pods)}"
                 assert not (error := trainer_args_error(trainer_args)), f"{command}: trainer.task refuses {trainer_args}: {error}"
             return
         if "--spec" in options or "--real-gcs" in options or "-h" in options or "--help" in options:
@@ -433,14 +433,15 @@ def check_submit_job(command: Command) -> None:
         code, out, err = run_submit_job(["local", "--print-compose", *argv[1:]])
         assert code == 0 and "services:" in out, f"{command}: exit {code}: {last_line(err)}"
         # The run, not the compose file, checks what --preempt and --maintenance name: check it here.
-        from scripts import local_job, submit_job
+        from scripts import submit_job
+        from scripts.rehearsal import runner, vertex
 
         parsed = submit_job.build_local_parser().parse_args(options)
         replicas = set(yaml.safe_load(out)["services"])
-        for text, kind in [*((t, local_job.SPOT) for t in parsed.preempt), *((t, "maintenance") for t in parsed.maintenance)]:
+        for text, kind in [*((t, vertex.SPOT) for t in parsed.preempt), *((t, vertex.MAINTENANCE) for t in parsed.maintenance)]:
             try:
-                replica = local_job.parse_preemption(text, kind).replica
-            except local_job.JobError as error:
+                replica = vertex.parse_preemption(text, kind).replica
+            except runner.RehearsalError as error:
                 raise AssertionError(f"{command}: {error}") from None
             assert replica in replicas, f"{command}: {text} names no replica of {sorted(replicas)}"
         trainer_args = split_at_dashes(argv)[1]

@@ -1,8 +1,8 @@
-"""scripts/engine.py: the one engine configuration every script, the rehearsal and the tests use."""
+"""scripts/rehearsal/engine.py: the one engine configuration every script, the rehearsal and the tests use."""
 
 import pytest
 
-from scripts import engine
+from scripts.rehearsal import engine
 
 
 def conf(**machine):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
+import time
+
 import pytest
 import yaml
 
-from scripts import jobspec, local_jobset
+from scripts import jobspec
+from scripts.rehearsal import jobset
 from scripts.submit_job import build_parser, build_spec
 
 
@@ -23,31 +28,31 @@ def job_spec(manifest: dict, role: str) -> dict:
 def test_exit_codes_the_generated_policy_fails_at_once_and_those_it_counts():
     manifest = generated("--workers", "2")
     worker = job_spec(manifest, "worker")
-    assert local_jobset.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
-    assert local_jobset.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
+    assert jobset.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
+    assert jobset.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
     for signalled in (130, 137, 138, 143):
-        assert local_jobset.pod_failure_action(worker, signalled, disrupted=False) == "Count"
+        assert jobset.pod_failure_action(worker, signalled, disrupted=False) == "Count"
     # An eviction is counted for MWMS (every worker is needed), whatever the code.
-    assert local_jobset.pod_failure_action(worker, 1, disrupted=True) == "Count"
+    assert jobset.pod_failure_action(worker, 1, disrupted=True) == "Count"
 
 
 def test_a_pss_worker_evicted_is_recreated_uncounted():
     manifest = generated("--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator")
-    assert local_jobset.pod_failure_action(job_spec(manifest, "worker"), 143, disrupted=True) == "Ignore"
-    assert local_jobset.pod_failure_action(job_spec(manifest, "chief"), 143, disrupted=True) == "Count"
+    assert jobset.pod_failure_action(job_spec(manifest, "worker"), 143, disrupted=True) == "Ignore"
+    assert jobset.pod_failure_action(job_spec(manifest, "chief"), 143, disrupted=True) == "Count"
 
 
 def test_a_job_failed_by_policy_fails_the_jobset_and_others_restart_it():
     policy = generated("--workers", "1", "--max-restarts", "2")["spec"]["failurePolicy"]
-    assert local_jobset.jobset_failure_action(policy, "worker", "PodFailurePolicy") == "FailJobSet"
-    assert local_jobset.jobset_failure_action(policy, "worker", "BackoffLimitExceeded") == "RestartJobSet"
+    assert jobset.jobset_failure_action(policy, "worker", "PodFailurePolicy") == "FailJobSet"
+    assert jobset.jobset_failure_action(policy, "worker", "BackoffLimitExceeded") == "RestartJobSet"
     targeted = {"rules": [{"action": "RestartJobSetAndIgnoreMaxRestarts", "targetReplicatedJobs": ["ps"]}]}
-    assert local_jobset.jobset_failure_action(targeted, "ps", "BackoffLimitExceeded") == "RestartJobSetAndIgnoreMaxRestarts"
-    assert local_jobset.jobset_failure_action(targeted, "worker", "BackoffLimitExceeded") == "RestartJobSet"
+    assert jobset.jobset_failure_action(targeted, "ps", "BackoffLimitExceeded") == "RestartJobSetAndIgnoreMaxRestarts"
+    assert jobset.jobset_failure_action(targeted, "worker", "BackoffLimitExceeded") == "RestartJobSet"
 
 
 def test_pods_get_their_hostname_subdomain_and_job():
-    pods = local_jobset.pods_of(generated("--name", "demo", "--workers", "2", "--", "--epochs", "1"))
+    pods = jobset.pods_of(generated("--name", "demo", "--workers", "2", "--", "--epochs", "1"))
     assert [(p.hostname, p.job, p.subdomain) for p in pods] == [
         ("demo-chief-0-0", "demo-chief-0", "demo"), ("demo-worker-0-0", "demo-worker-0", "demo"),
         ("demo-worker-0-1", "demo-worker-0", "demo")]
@@ -61,36 +66,309 @@ def test_claims_are_shared_and_other_volume_kinds_are_refused():
         pod_spec = rjob["template"]["spec"]["template"]["spec"]
         pod_spec["volumes"] = [{"name": "m", "persistentVolumeClaim": {"claimName": "models"}}, {"name": "s", "emptyDir": {}}]
         pod_spec["containers"][0]["volumeMounts"] = [{"name": "m", "mountPath": "/models"}, {"name": "s", "mountPath": "/scratch"}]
-    pods = local_jobset.pods_of(manifest)
+    pods = jobset.pods_of(manifest)
     assert {tuple(p.mounts) for p in pods} == {(("models", "/models", False), (None, "/scratch", False))}
     manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"][0] = {
         "name": "m", "hostPath": {"path": "/data"}}
     with pytest.raises(jobspec.SpecError, match="hostPath"):
-        local_jobset.pods_of(manifest)
+        jobset.pods_of(manifest)
 
 
 @pytest.mark.parametrize("text", ["demo-worker-0-0", "demo-worker-0-0@", "Demo@3", "demo@/(/", "demo@soon"])
 def test_a_bad_preempt_is_one_line(text):
     with pytest.raises(jobspec.SpecError, match="--preempt takes POD@SECONDS or POD@/REGEX/"):
-        local_jobset.parse_eviction(text)
+        jobset.parse_eviction(text)
 
 
 def test_preempt_parses_seconds_and_patterns():
-    assert local_jobset.parse_eviction("demo-worker-0-1@40").seconds == 40
-    assert local_jobset.parse_eviction("demo-worker-0-1@/epoch 2/").pattern.pattern == "epoch 2"
+    assert jobset.parse_eviction("demo-worker-0-1@40").seconds == 40
+    assert jobset.parse_eviction("demo-worker-0-1@/epoch 2/").pattern.pattern == "epoch 2"
 
 
 def test_load_reads_the_first_jobset_and_refuses_the_rest(tmp_path):
     manifest = generated("--workers", "1")
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump({"kind": "ConfigMap", "apiVersion": "v1"}) + "---\n" + yaml.safe_dump(manifest))
-    assert local_jobset.load(str(path))["metadata"] == manifest["metadata"]
+    assert jobset.load(str(path))["metadata"] == manifest["metadata"]
     path.write_text(yaml.safe_dump({"kind": "ConfigMap"}))
     with pytest.raises(jobspec.SpecError, match="no JobSet"):
-        local_jobset.load(str(path))
+        jobset.load(str(path))
     path.write_text(yaml.safe_dump({**manifest, "apiVersion": "jobset.x-k8s.io/v1alpha1"}))
     with pytest.raises(jobspec.SpecError, match="v1alpha2"):
-        local_jobset.load(str(path))
+        jobset.load(str(path))
     path.write_text("kind: [")
     with pytest.raises(jobspec.SpecError):
-        local_jobset.load(str(path))
+        jobset.load(str(path))
+
+
+# --- JobSet's and Kubernetes' rules, against a run that records what the rules ask of it ----------
+
+class RecordingRun:
+    """What the JobSet rules ask of the runner, recorded: no engine, no containers."""
+
+    def __init__(self):
+        self.launched, self.stopped, self.last, self.alive = [], [], {}, {}
+
+    def launch(self, container, fresh=True):
+        self.launched.append((container, fresh))
+        self.last[container.key] = self.alive[container.key] = container
+
+    def running(self):
+        return list(self.alive.values())
+
+    def started(self, key):
+        return key in self.alive
+
+    def stop(self, containers=None, wait=True):
+        for container in list(self.alive.values()) if containers is None else containers:
+            self.alive.pop(container.key, None)
+            self.stopped.append(container)
+
+    def volume(self, name):
+        return f"run-{name}"
+
+    def exit(self, rules, key, code, fault=None):
+        container = self.alive.pop(key)
+        return rules.exited(self, container, code, fault)
+
+
+def rules_for(manifest):
+    from scripts.rehearsal.runner import Output
+    import io
+
+    output = io.StringIO()
+    rules = jobset.JobSetRules(manifest, Output(output), network="rehearsal-test")
+    return rules, output
+
+
+def hand_written(restart_policy="Never", **job_spec):
+    """One replicatedJob `main` of two pods, written by hand."""
+    template = {"spec": {"containers": [{"name": "c", "image": "img:1", "env": [
+        {"name": "ATTEMPT", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}}},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}]}}
+    if restart_policy:
+        template["spec"]["restartPolicy"] = restart_policy
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "demo"},
+            "spec": {"failurePolicy": {"maxRestarts": 2}, "replicatedJobs": [{"name": "main", "template": {
+                "spec": {"completions": 2, "parallelism": 2, "backoffLimit": 0, "template": template, **job_spec}}}]}}
+
+
+def test_a_restarted_jobsets_pods_read_the_new_restart_attempt_through_the_downward_api():
+    """The Jobs of attempt N carry restart-attempt N (labelAndAnnotateObject): the downward API
+    gives the new value, not the first attempt's."""
+    assert {pod.env["ATTEMPT"] for pod in jobset.pods_of(hand_written(), restart_attempt=3)} == {"3"}
+    rules, _ = rules_for(hand_written())
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert {c.env["ATTEMPT"] for c, _ in run.launched} == {"0"}
+    assert isinstance(run.exit(rules, "demo-main-0-0", 1), jobset.Restart)
+    run.launched.clear()
+    rules.begin(run, 1)
+    assert {c.env["ATTEMPT"] for c, _ in run.launched} == {"1"}
+    assert {c.labels["jobset.sigs.k8s.io/restart-attempt"] for c, _ in run.launched} == {"1"}
+
+
+def test_restarts_that_ignore_max_restarts_are_not_counted_towards_it():
+    """RestartJobSetAndIgnoreMaxRestarts restarts without counting (RestartsCountTowardsMax)."""
+    manifest = hand_written()
+    manifest["spec"]["failurePolicy"] = {"maxRestarts": 1, "rules": [
+        {"name": "signals", "action": "RestartJobSetAndIgnoreMaxRestarts",
+         "onJobFailureMessagePatterns": ["exit code 143"]}]}
+    manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"] = {"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [143, 3]}}]}
+    rules, output = rules_for(manifest)
+    run = RecordingRun()
+    for attempt in range(3):  # three uncounted restarts: maxRestarts 1 is never reached
+        rules.begin(run, attempt)
+        assert isinstance(run.exit(rules, "demo-main-0-1", 143), jobset.Restart)
+    assert (rules.restarts, rules.restarts_counted) == (3, 0)
+    rules.begin(run, 3)
+    assert isinstance(run.exit(rules, "demo-main-0-1", 3), jobset.Restart)  # counted: 1 of 1
+    rules.begin(run, 4)
+    outcome = run.exit(rules, "demo-main-0-1", 3)
+    assert outcome.code == 3 and outcome.message.endswith("(maxRestarts 1 reached)"), outcome
+    assert "restart 3, not counted" in output.getvalue() and "restart 1 of 1" in output.getvalue()
+
+
+def test_failure_rules_match_the_job_conditions_message_as_kubernetes_writes_it():
+    manifest = hand_written()
+    job_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
+    job_spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [143]}}]}
+    pod = jobset.pods_of(manifest)[1]
+    message = jobset.pod_failure_message(job_spec, 42, False, pod, "default")
+    assert message == f"Container c for pod default/{pod.name} failed with exit code 42 matching FailJob rule at index 0"
+    policy = {"rules": [{"name": "oom", "action": "FailJobSet", "onJobFailureMessagePatterns": [r"exit code (42|137)\b"]}]}
+    assert jobset.jobset_failure_action(policy, "main", "PodFailurePolicy", message) == "FailJobSet"
+    assert jobset.jobset_failure_action(policy, "main", "PodFailurePolicy", message.replace("42", "1")) == "RestartJobSet"
+    assert jobset.jobset_failure_action(policy, "main", "BackoffLimitExceeded", jobset.BACKOFF_MESSAGE) == "RestartJobSet"
+    broken = {"rules": [{"name": "bad", "action": "FailJobSet", "onJobFailureMessagePatterns": ["("]}]}
+    assert jobset.jobset_failure_action(broken, "main", "PodFailurePolicy", message) == "RestartJobSet"  # never matches
+
+
+@pytest.mark.parametrize("action", ["RestartJob", "RestartJobAndIgnoreMaxRestarts"])
+def test_restart_job_is_refused_as_the_webhook_refuses_it_with_its_feature_gate_off(action):
+    manifest = hand_written()
+    manifest["spec"]["failurePolicy"]["rules"] = [{"name": "one", "action": action}]
+    with pytest.raises(jobspec.SpecError, match=f"action {action}: JobSet's webhook refuses it while the RestartJob feature gate is off"):
+        jobset.admitted(manifest)
+
+
+@pytest.mark.parametrize("strategy, blocking", [(None, False), ("Recreate", False), ("BlockingRecreate", True)])
+def test_recreate_starts_new_pods_beside_the_old_ones_and_blocking_recreate_waits(strategy, blocking):
+    manifest = hand_written()
+    if strategy:
+        manifest["spec"]["failurePolicy"]["restartStrategy"] = strategy
+    rules, _ = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert run.exit(rules, "demo-main-0-0", 1) == jobset.Restart(blocking=blocking)
+
+
+def test_no_restart_policy_is_onfailure_which_kubernetes_refuses_beside_a_pod_failure_policy():
+    manifest = hand_written(restart_policy=None, podFailurePolicy={"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}]})
+    with pytest.raises(jobspec.SpecError, match="podFailurePolicy needs the pod template's restartPolicy Never; it is "
+                                                r"OnFailure \(defaulted to OnFailure by JobSet's webhook"):
+        jobset.admitted(manifest)
+    assert jobset.admitted(hand_written(restart_policy=None))["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"]["spec"]["restartPolicy"] == "OnFailure"
+
+
+def test_under_onfailure_the_kubelet_restarts_the_container_in_place_after_its_back_off():
+    manifest = hand_written(restart_policy=None)
+    manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 3
+    rules, output = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    first = run.last["demo-main-0-1"]
+    assert run.exit(rules, "demo-main-0-1", 1) is None
+    assert "restarts its container in place in 10s" in output.getvalue()
+    assert rules.tick(run, time.monotonic()) is None and len(run.launched) == 2  # not before its back-off
+    assert rules.tick(run, time.monotonic() + 11) is None
+    assert run.launched[-1] == (first, False)  # the same container, started again: the same pod and name
+    assert jobset.crash_loop_delay(2) == 20 and jobset.crash_loop_delay(20) == 300
+    assert run.exit(rules, "demo-main-0-1", 1) is None
+    rules.tick(run, time.monotonic() + 100)
+    assert isinstance(run.exit(rules, "demo-main-0-1", 1), jobset.Restart)  # 3 restarts reach backoffLimit 3
+
+
+def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
+    manifest = hand_written(activeDeadlineSeconds=15)
+    manifest["spec"]["failurePolicy"]["rules"] = [{"name": "timeLimit", "action": "FailJobSet",
+                                                   "onJobFailureReasons": ["DeadlineExceeded"]}]
+    rules, _ = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert rules.tick(run, time.monotonic() + 5) is None
+    outcome = rules.tick(run, time.monotonic() + 16)
+    assert outcome.code == jobset.DEADLINE_EXIT and "(DeadlineExceeded)" in outcome.message, outcome
+    assert "FailJobSet, rule timeLimit" in outcome.message
+    assert {c.key for c in run.stopped} == {"demo-main-0-0", "demo-main-0-1"} and not run.running()
+
+
+def test_other_pods_reach_a_pod_by_its_subdomain_name_only():
+    """JobSet's headless Service gives `{hostname}.{subdomain}`; nothing gives the bare hostname."""
+    rules, _ = rules_for(hand_written())
+    run = RecordingRun()
+    rules.begin(run, 0)
+    container = run.last["demo-main-0-1"]
+    assert "demo-main-0-1" not in container.aliases
+    assert container.aliases == ("demo-main-0-1.demo", "demo-main-0-1.demo.default.svc",
+                                 "demo-main-0-1.demo.default.svc.cluster.local")
+    assert container.hostname == "demo-main-0-1"  # its own name, in its own /etc/hosts, as the kubelet writes it
+
+
+def test_each_new_pod_gets_a_name_with_five_random_characters():
+    rules, _ = rules_for(hand_written(podFailurePolicy={"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}))
+    run = RecordingRun()
+    rules.begin(run, 0)
+    first = run.last["demo-main-0-0"]
+    assert re.fullmatch(r"demo-main-0-0-[bcdfghjklmnpqrstvwxz2456789]{5}", first.env["POD"])
+    assert first.name == f"rehearsal-test-{first.env['POD']}"
+    evicted = jobset.Fault("demo-main-0-0", jobset.EVICTION)
+    assert run.exit(rules, "demo-main-0-0", 143, evicted) is None  # Ignore: the Job replaces the pod
+    second = run.last["demo-main-0-0"]
+    assert second.env["POD"] != first.env["POD"] and second.hostname == first.hostname
+
+
+def test_jobset_pods_get_the_same_cloud_storage_as_vertex_replicas():
+    """The storage's variables reach a pod's container, with the pods' own names kept off the proxy,
+    and a Cloud Storage FUSE CSI volume is its bucket's files."""
+    from scripts.rehearsal.runner import Output, Run, Session
+
+    class Network:
+        def create_network(self, name):
+            return "10.89.0.0/24", "10.89.0.1"
+
+        def gpu_flags(self):
+            return []
+
+    proxy = {"https_proxy": "http://10.89.0.1:4443", "CURL_CA_BUNDLE": "/etc/local-gcs/ca-bundle.pem"}
+    session = Session(Network(), Output(), lambda subnet, gateway: (proxy, ["/tmp/ca.pem:/etc/local-gcs/ca-bundle.pem:ro"]))
+    manifest = hand_written()
+    pod_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod_spec["volumes"] = [{"name": "data", "csi": {"driver": "gcsfuse.csi.storage.gke.io",
+                                                    "volumeAttributes": {"bucketName": "my-data"}}}]
+    pod_spec["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data", "readOnly": True}]
+    rules = jobset.JobSetRules(manifest, Output(), network="rehearsal-test", bucket_directory=lambda b: f"/files/{b}")
+    run = Run(session, "rehearsal-test", hosts=rules.hosts())
+    run.open()
+    arguments = run.create_arguments(rules.container(run, rules.pods[0]))
+    assert "https_proxy=http://10.89.0.1:4443" in arguments and "/files/my-data:/data:ro" in arguments
+    bypass = next(a for a in arguments if a.startswith("no_proxy="))
+    assert "demo-main-0-1.demo" in bypass.split(",")
+
+
+def ordered(status="Ready"):
+    """ps before the workers, as dependsOn writes it."""
+    manifest = hand_written()
+    main = manifest["spec"]["replicatedJobs"][0]
+    ps = json.loads(json.dumps(main))
+    ps["name"] = "ps"
+    ps["template"]["spec"].update(completions=1, parallelism=1)
+    manifest["spec"]["replicatedJobs"] = [ps, {**main, "dependsOn": [{"name": "ps", "status": status}]}]
+    return manifest
+
+
+def test_depends_on_creates_a_replicated_jobs_pods_once_its_dependency_is_ready():
+    rules, output = rules_for(ordered("Ready"))
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert [c.key for c, _ in run.launched] == ["demo-ps-0-0"]
+    del run.alive["demo-ps-0-0"]  # not running yet (still being scheduled): not Ready
+    assert rules.tick(run, time.monotonic()) is None and len(run.launched) == 1
+    run.alive["demo-ps-0-0"] = run.last["demo-ps-0-0"]
+    assert rules.tick(run, time.monotonic()) is None
+    assert [c.key for c, _ in run.launched] == ["demo-ps-0-0", "demo-main-0-0", "demo-main-0-1"]
+    assert "main: ps is Ready: creating its Jobs" in output.getvalue()
+
+
+def test_depends_on_complete_waits_for_the_dependency_to_succeed():
+    rules, _ = rules_for(ordered("Complete"))
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert rules.tick(run, time.monotonic()) is None and len(run.launched) == 1  # running is not complete
+    assert run.exit(rules, "demo-ps-0-0", 0) is None
+    rules.tick(run, time.monotonic())
+    assert [c.key for c, _ in run.launched][1:] == ["demo-main-0-0", "demo-main-0-1"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda js: js["spec"]["replicatedJobs"][0].update(dependsOn=[{"name": "main", "status": "Ready"}]),
+     "replicatedJob ps: dependsOn can't be set for the first ReplicatedJob"),
+    (lambda js: js["spec"]["replicatedJobs"][1].update(dependsOn=[{"name": "later", "status": "Ready"}]),
+     "replicatedJob main: cannot depend on replicatedJob 'later'"),
+    (lambda js: js["spec"]["replicatedJobs"][1].update(dependsOn=[{"name": "ps", "status": "Started"}]),
+     "replicatedJob main: dependsOn status 'Started' is not Ready or Complete"),
+    (lambda js: js["spec"]["failurePolicy"].update(restartStrategy="InPlaceRestart"),
+     "failurePolicy.restartStrategy InPlaceRestart: JobSet's webhook refuses it"),
+    (lambda js: js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"].update(restartPolicy="Always"),
+     "replicatedJob main: restartPolicy Always: a Job's pods take Never or OnFailure"),
+])
+def test_what_the_webhook_or_kubernetes_refuses_is_refused_before_anything_runs(change, message):
+    manifest = ordered()
+    change(manifest)
+    with pytest.raises(jobspec.SpecError) as error:
+        jobset.admitted(manifest)
+    assert str(error.value).startswith(message), error.value

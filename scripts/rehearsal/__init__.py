@@ -1,0 +1,18 @@
+"""The rehearsal: a Vertex AI job or a Kubernetes JobSet run on this machine, one container per
+replica or pod, before a real one costs (`python scripts/submit_job.py local ...`).
+
+| module       | its one job                                                                        |
+|--------------|------------------------------------------------------------------------------------|
+| session.py   | one rehearsal from start to end: options, engine, storage, signals, cleanup          |
+| runner.py    | the one container runner: create, start, relay, stop, remove; the loop over rules    |
+| vertex.py    | Vertex AI's rules, and what Vertex tells each replica                                |
+| jobset.py    | JobSet's and Kubernetes' rules, and what each pod gets, as their controllers do    |
+| engine.py    | the container engine (docker or podman) and its settings, for every script         |
+| storage.py   | Cloud Storage and /gcs/ for every container, from one setup                          |
+| local_gcs.py | the local Cloud Storage server and its proxy (`python -m scripts.rehearsal.local_gcs`) |
+| gcs_fuse.py  | the local server's buckets as files                                                 |
+| fields.py    | the spec fields a rehearsal does not emulate, named at its start                    |
+
+Every module imports its siblings as `scripts.rehearsal.X`, from the repository's root; the one
+command line, scripts/submit_job.py, puts the root on sys.path when it is run as a file.
+"""

@@ -1,0 +1,136 @@
+"""One rehearsal from start to end, whatever the platform: `rehearse` checks the options, finds the
+engine, starts Cloud Storage (storage.py), hands the spec to the platform's rules (vertex.py or
+jobset.py) over the runner (runner.py), copies the buckets out, and removes everything it made,
+also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
+runner's cancel, `kill`) both stop every container with its grace, then clean up.
+
+`leftovers` lists what a rehearsal left on this machine: every test of the rehearsal asserts it
+is empty after its run.
+
+The command ends 0 when the job succeeds; with the exit code of the container whose failure ended
+it otherwise (124 when a time limit did); 125 when the engine could not run a container; 130
+when interrupted; 2, with one line, for a spec or an option it cannot run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from scripts.rehearsal import jobset, vertex
+from scripts.rehearsal.engine import Engine, EngineError
+from scripts.rehearsal.runner import PREFIX, Output, RehearsalError, Session
+from scripts.rehearsal.storage import PUBLIC_GCS, Storage, buckets_named
+
+VERTEX, JOBSET = "vertex", "jobset"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    engine: str | None = None  # docker or podman; None: docker if its daemon answers, else podman
+    real_gcs: bool = False
+    stages: tuple[str, ...] = ()  # LOCAL=gs://BUCKET/PREFIX
+    keep_dir: str | None = None
+    allow_hosts: tuple[str, ...] = ()
+    public_gcs: str | None = PUBLIC_GCS
+    preempt: tuple[str, ...] = ()
+    maintenance: tuple[str, ...] = ()  # Vertex only
+    vertex: vertex.Options = vertex.Options()
+
+
+def faults_of(platform: str, options: Options) -> list:
+    if platform == JOBSET:
+        if options.maintenance:
+            raise RehearsalError("--maintenance is VM maintenance on Vertex AI; a JobSet's pods are evicted with --preempt")
+        return [jobset.parse_eviction(text) for text in options.preempt]
+    return ([vertex.parse_preemption(text) for text in options.preempt]
+            + [vertex.parse_preemption(text, vertex.MAINTENANCE) for text in options.maintenance])
+
+
+def rehearse(platform: str, document: dict, options: Options, output: Output | None = None) -> int:
+    """Runs a CustomJob / HyperparameterTuningJob (vertex) or a JobSet (jobset) on this machine;
+    returns the exit code. Raises RehearsalError, one line, for what it cannot run."""
+    output = output or Output()
+    faults = faults_of(platform, options)
+    if options.vertex.replica_restarts < 0 or options.vertex.job_retries < 0:
+        raise RehearsalError("--replica-restarts and --job-retries are 0 or more")
+    (jobset if platform == JOBSET else vertex).check(document, faults)  # before anything starts
+    try:
+        engine = Engine.detect(options.engine)
+    except EngineError as error:
+        raise RehearsalError(str(error)) from None
+    run_id = str(int(time.time() * 1000))
+    scratch = Path(tempfile.mkdtemp(prefix=PREFIX))
+    storage = Storage(scratch, output.note, real_gcs=options.real_gcs, allow_hosts=options.allow_hosts,
+                      public_gcs=options.public_gcs)
+    session = Session(engine, output, storage.for_network)
+    previous_handlers = _interrupt_on_signals()
+    try:
+        storage.start(buckets_named(document), options.stages)
+        output.note(storage.describe())
+        if platform == JOBSET:
+            code = jobset.run(session, document, run_id, faults,
+                              None if options.real_gcs else storage.bucket_directory)
+        else:
+            code = vertex.run(session, document, run_id, faults, storage.files_volume(), options.vertex, scratch)
+        if options.keep_dir and not options.real_gcs:
+            count = storage.keep(Path(options.keep_dir))
+            output.note(f"copied {count} objects from the local Cloud Storage server to {options.keep_dir}")
+        return code
+    except KeyboardInterrupt:
+        output.note("interrupted: stopping and removing the job's containers and networks", "WARNING")
+        return 130
+    finally:
+        if previous_handlers is not None:  # a second Ctrl-C must not cut the cleanup short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        session.cancel()
+        session.remove_all()  # whatever an interrupted run made after it was told to stop
+        storage.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+        if previous_handlers is not None:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+
+
+def _interrupt_on_signals() -> dict | None:
+    """Ctrl-C and SIGTERM both interrupt the run, which then cleans up; returns the handlers to
+    restore. Signals reach only the main thread: elsewhere, None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, _interrupt)
+    return previous
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def leftovers(engine: Engine, parent: int | None = None) -> list[str]:
+    """What rehearsals left on this machine: containers, networks and volumes, FUSE mounts, Cloud
+    Storage server and FUSE processes that outlived their runner (`parent`: a process whose own
+    children do not count, such as a test session's servers), and scratch directories (which
+    hold the local CA's key)."""
+    left = []
+    for listing in (("ps", "-a"), ("network", "ls"), ("volume", "ls")):
+        names = engine(*listing, "--format", "{{.Name}}" if listing[0] != "ps" else "{{.Names}}", check=False).split()
+        left += [name for name in names if name.startswith(PREFIX)]
+    with open("/proc/mounts") as mounts:
+        left += [f"mount {line.split()[1]}" for line in mounts if f"/{PREFIX}" in line.split()[1]]
+    processes = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
+    for pid, ppid, args in (line.split(None, 2) for line in processes if len(line.split(None, 2)) == 3):
+        if ("fake-gcs-server" in args or "rehearsal.gcs_fuse" in args) and int(ppid) != (parent or -1) \
+                and int(pid) != os.getpid():
+            left.append(f"process {args}")
+    left += [f"directory {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*"))]
+    return left
