@@ -3,9 +3,8 @@ one request.
 
 Pure functions: no cloud SDK, no network. `scripts/submit_job.py` prints or submits what these
 build; the tests load them into each platform's own schema. `cluster_environments` derives the
-TF_CONFIG / CLUSTER_SPEC each replica would be given, as each platform sets them (for a JobSet,
-each pod's whole environment as Kubernetes builds it, scripts/rehearsal/jobset.py), so the specs can be checked
-against `trainer.cluster` without running anything.
+TF_CONFIG / CLUSTER_SPEC each replica would be given, as each platform sets them, so the specs can
+be checked against `trainer.cluster` without running anything (a JobSet's pods: scripts/rehearsal/jobset.py).
 """
 
 from __future__ import annotations
@@ -468,9 +467,9 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
     (chief/worker/ps; an evaluator is told its task but is not in the cluster) when there is more
     than one replica (Vertex's "Distributed training" page);
     ai-platform: CLUSTER_SPEC with `master`, TF_CONFIG with `chief` (useChiefInTfConfig);
-    tfjob: TF_CONFIG from the replica types, the evaluator left out of the cluster;
-    jobset: no cluster variable; each pod's whole environment (rehearsal.jobset.jobset_pods), from which
-    trainer.cluster finds the cluster itself.
+    tfjob: TF_CONFIG from the replica types, the evaluator left out of the cluster.
+    A JobSet sets no cluster variable: each pod's whole environment, from which trainer.cluster
+    finds the cluster itself, is scripts/rehearsal/jobset.py's `jobset_pods`.
     """
     if platform == "vertex":
         job_spec = spec.get("jobSpec", spec.get("trialJobSpec"))
@@ -518,8 +517,4 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
         cluster = {rtype: h for rtype, h in hosts.items() if rtype != "evaluator"}
         return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"})}
                 for rtype, h in hosts.items() for i in range(len(h))]
-    if platform == "jobset":
-        from scripts.rehearsal.jobset import jobset_pods
-
-        return [pod["env"] for pod in jobset_pods(spec)]
     raise ValueError(f"unknown platform {platform!r}")

@@ -255,7 +255,6 @@ def test_every_pod_resolves_one_cluster_each_with_its_own_dns_name(name):
     jobset = manifest(name)
     num_workers, num_ps, evaluator = EXPECTED[name]
     pods = rehearsal_jobset.jobset_pods(jobset)
-    assert [pod["env"] for pod in pods] == jobspec.cluster_environments("jobset", jobset)
     clusters = [resolve(pod["env"]) for pod in pods]
     assert len({json.dumps(c.tf_config["cluster"], sort_keys=True) for c in clusters}) == 1
     assert sum(c.is_chief for c in clusters) == 1
