@@ -9,8 +9,8 @@ import subprocess
 
 import yaml
 
-from containers import SMALL_TRAINING, sh
-from helpers import REPO
+from containers import SMALL_TRAINING, leftovers
+from helpers import REPO, run_module, write_image_folder
 from test_vertex_rehearsal import lines, user_env
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -29,14 +29,6 @@ def run_jobset(manifest: dict, tmp_path, *local_args: str, engine) -> subprocess
                              "--jobset", str(tmp_path / "jobset.yaml")],
                             cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900)
     return result
-
-
-def jobset_leftovers(engine) -> list[str]:
-    tool, env = engine
-    containers = sh(tool, "ps", "-a", "--format", "{{.Names}}", env=env).stdout.split()
-    networks = sh(tool, "network", "ls", "--format", "{{.Name}}", env=env).stdout.split()
-    volumes = sh(tool, "volume", "ls", "--format", "{{.Name}}", env=env).stdout.split()
-    return [name for name in containers + networks + volumes if name.startswith("jobset-local-")]
 
 
 def share_model_dir(manifest: dict, claim: str = "models") -> dict:
@@ -60,7 +52,7 @@ def test_a_mwms_jobset_trains_with_each_pod_finding_its_cluster(engine, cpu_imag
         assert f"role: {role}, strategy: multi_worker_mirrored" in said, said[-3000:]
     assert "replicas=3" in "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
     assert lines(result.stdout, "local-run", "INFO")[-1].endswith("succeeded (successPolicy met)"), result.stdout[-2000:]
-    assert jobset_leftovers(engine) == []
+    assert leftovers(engine) == []
 
 
 def test_every_pod_prints_the_same_cluster_with_its_own_address(engine, cpu_image, tmp_path):
@@ -84,7 +76,7 @@ def test_every_pod_prints_the_same_cluster_with_its_own_address(engine, cpu_imag
     assert printed[f"{name}-evaluator-0-0"]["task_type"] == "evaluator"
     assert {p["source"] for p in printed.values()} == {"JobSet"}
     assert printed[f"{name}-worker-0-1"]["tf_config"]["task"] == {"type": "worker", "index": 1}
-    assert jobset_leftovers(engine) == []
+    assert leftovers(engine) == []
 
 
 def test_a_pss_jobset_with_its_evaluator_trains_and_evaluates(engine, cpu_image, tmp_path):
@@ -96,7 +88,7 @@ def test_a_pss_jobset_with_its_evaluator_trains_and_evaluates(engine, cpu_image,
     evaluator = "\n".join(lines(result.stdout, f"{name}-evaluator-0-0"))
     assert "role: evaluator" in evaluator, evaluator[-3000:]
     assert "val_accuracy" in evaluator or "accuracy=" in evaluator, evaluator[-3000:]
-    assert jobset_leftovers(engine) == []
+    assert leftovers(engine) == []
 
 
 def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path):
@@ -110,7 +102,7 @@ def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path)
     assert result.returncode == 3, result.stdout[-3000:]
     assert "(PodFailurePolicy)" in result.stdout and "FailJobSet" in result.stdout, result.stdout[-3000:]
     assert "recreates every Job" not in result.stdout
-    assert jobset_leftovers(engine) == []
+    assert leftovers(engine) == []
 
 
 def test_a_preempted_worker_restarts_the_jobset_which_resumes(engine, cpu_image, tmp_path):
@@ -125,4 +117,31 @@ def test_a_preempted_worker_restarts_the_jobset_which_resumes(engine, cpu_image,
     assert f"evicting {name}-worker-0-0" in notes and "recreates every Job (RestartJobSet, restart 1 of 2)" in notes, notes
     chief = "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
     assert "resumed from backup at epoch" in chief, chief[-3000:]
-    assert jobset_leftovers(engine) == []
+    assert leftovers(engine) == []
+
+
+def test_a_jobset_reads_its_data_through_a_cloud_storage_fuse_volume_and_writes_gs(engine, cpu_image, tmp_path):
+    """The pods get the rehearsal's local Cloud Storage, as Vertex replicas do: the data is staged
+    into a bucket and read through a Cloud Storage FUSE CSI volume, and the model and checkpoints
+    go to gs:// through TensorFlow's own client."""
+    prepared = tmp_path / "prepared"
+    made = run_module("trainer.prepare", "--source", f"folder:{write_image_folder(tmp_path / 'images')}",
+                      "--output", str(prepared), "--shards", "4")
+    assert made.returncode == 0, made.stderr[-2000:]
+    manifest = jobset("--workers", "1", "--base-output-dir", "gs://js-gcs/run", "--", *SMALL_TRAINING,
+                      "--dataset", "tfrecord:/data/leaves/train-*.tfrecord", "--epochs", "2", image=cpu_image)
+    for rjob in manifest["spec"]["replicatedJobs"]:
+        pod_spec = rjob["template"]["spec"]["template"]["spec"]
+        pod_spec["volumes"] = [{"name": "data", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "readOnly": True,
+                                                        "volumeAttributes": {"bucketName": "js-gcs"}}}]
+        pod_spec["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data", "readOnly": True}]
+    result = run_jobset(manifest, tmp_path, "--stage", f"{prepared}=gs://js-gcs/leaves", "--keep", str(tmp_path / "kept"),
+                        engine=engine)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    name = manifest["metadata"]["name"]
+    chief = "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
+    assert "sharding=FILE" in chief and "model dir: gs://js-gcs/run/model" in chief, chief[-3000:]
+    kept = tmp_path / "kept" / "js-gcs" / "run" / "model"
+    assert (kept / "saved_model.pb").exists(), sorted(str(p) for p in (tmp_path / "kept").rglob("*"))[:20]
+    assert "Cloud Storage: a local server holding gs://js-gcs" in result.stdout
+    assert leftovers(engine) == []

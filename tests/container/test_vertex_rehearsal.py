@@ -469,3 +469,22 @@ def test_real_cloud_storage_mounts_the_users_credentials_as_gcloud_local_run_doe
     assert lines(result.stdout, "workerpool0-0", "INFO") == [key.read_text(), "proxy=none", "no-gcs"]
     assert "Cloud Storage: Google's, with your Application Default Credentials" in result.stdout
     assert leftovers(engine) == []
+
+
+@pytest.mark.parametrize("path", ["transient exit", "Spot preemption", "maintenance"])
+def test_disable_retries_turns_off_every_restart_and_retry(engine, base_image, tmp_path, path):
+    """scheduling.disableRetries: the event that would restart the job, or a replica, fails it."""
+    crash = "echo ready; sh -c 'kill -SEGV $$'; exit $?" if path == "transient exit" else \
+        "echo ready; trap 'exit 143' TERM; sleep 600 & wait"
+    spec = sh_job(base_image, "trap 'exit 143' TERM; sleep 600 & wait", crash,
+                  disableRetries=True, restartJobOnWorkerRestart=True)
+    option = {"Spot preemption": ["--preempt", "workerpool1-0@/ready/"],
+              "maintenance": ["--maintenance", "workerpool1-0@/ready/"]}.get(path, [])
+    result = run_local(engine, tmp_path, spec, *option)
+    code = 139 if path == "transient exit" else 143
+    assert result.returncode == code, result.stdout[-3000:]
+    assert summary(result.stdout)["workerpool1-0"] == ([code], 0)  # never started again
+    assert not [n for n in lines(result.stdout, "local-run") if "restarting" in n or "on another machine" in n], result.stdout
+    failed = lines(result.stdout, "local-run", "ERROR")[-1]
+    assert failed.startswith("JOB_STATE_FAILED: ") and failed.endswith("(scheduling.disableRetries)"), failed
+    assert leftovers(engine) == []
