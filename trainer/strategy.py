@@ -42,7 +42,7 @@ def collective_implementation(cluster: Cluster, num_gpus: int, net_plugin: str |
     if net_plugin is None:
         return "NCCL", (f"{reducers}, but NCCL finds no network plugin (libnccl-net.so) in this image, so it "
                         "all-reduces without them: add Google's google-reduction-server package to the image "
-                        "(docs/images.md#reduction-server)"), logging.WARNING
+                        "(docs/gpus.md#reduction-server)"), logging.WARNING
     return "NCCL", f"{reducers}: all-reduce over NCCL, through its network plugin {net_plugin}", logging.INFO
 
 
