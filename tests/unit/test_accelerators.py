@@ -243,3 +243,21 @@ def test_a_cpu_wheel_is_refused(tmp_path):
     wheel = fake_wheel(tmp_path / "t.whl", "import collections\nbuild_info = collections.OrderedDict([('is_cuda_build', False)])\n")
     with pytest.raises(tensorflow_build_info.BuildInfoError, match="is not a CUDA build"):
         tensorflow_build_info.describe(str(wheel), "1", {tensorflow_build_info.sha256_of(str(wheel))})
+
+
+def test_the_gpu_page_shows_the_table():
+    """docs/gpus.md's table, row by row: the capability and, for the machines that come with their
+    GPUs, every machine type and count; what it says of the wheel matches the kernel rules."""
+    rows = [line.split("|")[1:-1] for line in (REPO / "docs" / "gpus.md").read_text().splitlines()
+            if line.startswith("| `NVIDIA_")]
+    shown = set()
+    for gpu_cell, capability, machines, wheel in rows:
+        gpu = accelerators.GPUS[gpu_cell.strip().strip("`")]
+        shown.add(gpu.name)
+        assert capability.strip() == "%d.%d" % gpu.compute_capability, gpu.name
+        expected = {name: m.gpus[gpu.name][0] for name, m in accelerators.MACHINES.items()
+                    if gpu.name in m.gpus and not name.startswith("n1-")}
+        assert {name: int(n) for name, n in re.findall(r"`([a-z0-9-]+)` \((\d+)\)", machines)} == expected, gpu.name
+        support, arch = accelerators.kernel_support(gpu.compute_capability, accelerators.build_info().architectures)
+        assert wheel.strip() == ("PTX only: JIT at start" if support == JIT else f"{arch} kernels"), gpu.name
+    assert shown == {name for name, gpu in accelerators.GPUS.items() if not gpu.retired and name != "NVIDIA_GB200"}
