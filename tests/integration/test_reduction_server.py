@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
+import portpicker
 import pytest
 
 from helpers import REPO, clean_env
@@ -18,17 +18,6 @@ from scripts import jobspec, submit_job
 
 TASK_ARGS = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--architecture", "small",
              "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4", "--mixed-precision", "off"]
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def localhost(variable_value: str, addresses: dict[str, str]) -> str:
@@ -47,7 +36,7 @@ def test_an_mwms_job_with_reducers_trains_without_waiting_for_them(variable, tmp
     environments = jobspec.cluster_environments("vertex", submit_job.build_spec(args)[1])
     hosts = ["workerpool0-0:2222", "workerpool1-0:2222", "workerpool2-0:2222", "workerpool2-1:2222"]
     # The reducers' ports are closed: connecting there fails at once, and nothing must try.
-    addresses = dict(zip(hosts, (f"127.0.0.1:{port}" for port in free_ports(len(hosts)))))
+    addresses = {host: f"127.0.0.1:{portpicker.pick_unused_port()}" for host in hosts}
     processes = {}
     for name, environment in zip(("chief", "worker"), environments):
         env = clean_env(**{variable: localhost(environment[variable], addresses), "TMPDIR": str(tmp_path),
