@@ -72,13 +72,17 @@ class Machine:
         return bool(self.gpus) and not self.name.startswith("n1-")
 
 
+# Retired and deprecated: [k80], [p100], [t4p4]; capabilities [cc]; Dynamic Workload Scheduler [dws].
 GPUS = {gpu.name: gpu for gpu in (
     Gpu("NVIDIA_TESLA_K80", "Tesla K80", (3, 7),
-        retired="Compute Engine ended its support on 2024-05-01 and Vertex AI's training table no longer lists it [k80]"),
+        retired="Compute Engine ended its support on 2024-05-01 (cloud.google.com/compute/docs/eol/k80-eol) and "
+                "Vertex AI's training table no longer lists it"),
     Gpu("NVIDIA_TESLA_P100", "Tesla P100", (6, 0),
-        retired="Compute Engine shut P100 GPUs down on 2026-09-15 [p100]"),
-    Gpu("NVIDIA_TESLA_P4", "Tesla P4", (6, 1), deprecated="Compute Engine ends its support on 2027-08-01 [t4p4]"),
-    Gpu("NVIDIA_TESLA_T4", "Tesla T4", (7, 5), deprecated="Compute Engine ends its support on 2027-08-01 [t4p4]"),
+        retired="Compute Engine shut P100 GPUs down on 2026-09-15 (cloud.google.com/compute/docs/eol/p100-eos)"),
+    Gpu("NVIDIA_TESLA_P4", "Tesla P4", (6, 1),
+        deprecated="Compute Engine ends its support on 2027-08-01 (cloud.google.com/compute/docs/eol/p4-eos)"),
+    Gpu("NVIDIA_TESLA_T4", "Tesla T4", (7, 5),
+        deprecated="Compute Engine ends its support on 2027-08-01 (cloud.google.com/compute/docs/eol/t4-eos)"),
     Gpu("NVIDIA_TESLA_V100", "Tesla V100", (7, 0)),
     Gpu("NVIDIA_TESLA_A100", "A100 40GB", (8, 0), flex_start=True),
     Gpu("NVIDIA_A100_80GB", "A100 80GB", (8, 0), flex_start=True),
