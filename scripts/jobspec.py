@@ -13,22 +13,8 @@ import dataclasses
 import json
 import re
 
+from scripts import accelerators  # the machine and GPU table, with its sources
 from trainer import cluster as trainer_cluster  # imports no TensorFlow
-
-# Which accelerators each machine family can take (Vertex AI / Compute Engine).
-ACCELERATORS_BY_FAMILY = {
-    "n1": {"NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_P4", "NVIDIA_TESLA_K80"},
-    "a2": {"NVIDIA_TESLA_A100", "NVIDIA_A100_80GB"},
-    "g2": {"NVIDIA_L4"},
-    "a3": {"NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB"},
-}
-
-
-# GPUs for which TF 2.21's wheel has no compiled kernels, only compute_90 PTX (its build info lists
-# sm_60/70/80/89 and compute_90): the driver JIT-compiles every kernel at start, which "could take
-# 30 minutes or longer" (tensorflow/tensorflow#60739, #62320).
-PTX_ONLY_ACCELERATORS = {"NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200", "NVIDIA_GB200"}
-
 
 # Kubernetes restarts a TFJob's pods at most this often (runPolicy.backoffLimit) before the job fails.
 DEFAULT_MAX_RESTARTS = 5
@@ -46,12 +32,57 @@ class SpecError(ValueError):
 class Pool:
     """One kind of replica: its role, count, machine and image."""
 
-    role: str  # chief, worker, ps, evaluator
+    role: str  # chief, worker, ps, evaluator, reducer (Vertex's Reduction Server)
     replicas: int
     machine_type: str
     image_uri: str
     accelerator_type: str | None = None
     accelerator_count: int = 0
+    # Vertex: the boot disk, and whether the pool takes the job's reservation (the training
+    # machine's pools: a reservation holds one machine configuration).
+    boot_disk_type: str = accelerators.PD_SSD
+    boot_disk_size_gb: int = accelerators.BOOT_DISK_GB[0]
+    reserved: bool = False
+
+
+# Google's Reduction Server image, one per multi-region ("Distributed training" page, "Train using
+# Reduction Server"), and the reducer machine that page recommends, n1-highcpu-16 ("relatively
+# high bandwidth for its resources": 32 Gbps egress).
+REDUCTION_SERVER_IMAGES = trainer_cluster.REDUCTION_SERVER_IMAGES
+REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
+# Scheduling.timeout defaults to 7 days; Dynamic Workload Scheduler takes jobs of at most that [dws].
+FLEX_START_MAX_TIMEOUT = 7 * 24 * 3600
+_RESERVATION = re.compile(r"projects/[^/\s]+/zones/[^/\s]+/reservations/[^/\s]+")
+_TENSORBOARD = re.compile(r"projects/[^/\s]+/locations/[^/\s]+/tensorboards/[^/\s]+")
+# CreatePersistentResourceRequest.persistent_resource_id (aiplatform v1).
+_PERSISTENT_RESOURCE_ID = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+@dataclasses.dataclass(frozen=True)
+class VertexOptions:
+    """What only a Vertex AI CustomJob (or a tuning job's trials) can say: how capacity is obtained,
+    boot disks, web access, a Vertex AI TensorBoard, retries. Each maps to one field of the
+    aiplatform v1 CustomJobSpec (`vertex_custom_job`)."""
+
+    flex_start: bool = False  # scheduling.strategy FLEX_START (Dynamic Workload Scheduler)
+    max_wait_seconds: int | None = None  # scheduling.maxWaitDuration; 0 waits without limit
+    reservation: str | None = None  # "any", "none" or projects/P/zones/Z/reservations/NAME
+    persistent_resource_id: str | None = None
+    boot_disk_type: str | None = None  # default: the training machine's own default
+    boot_disk_size_gb: int | None = None
+    enable_web_access: bool = False
+    tensorboard: str | None = None  # projects/P/locations/L/tensorboards/ID
+    disable_retries: bool = False
+
+    def given(self) -> list[str]:
+        """The options set, as their flags, for targets that take none of them."""
+        flags = {"--flex-start": self.flex_start, "--max-wait": self.max_wait_seconds is not None,
+                 "--reservation": self.reservation, "--persistent-resource-id": self.persistent_resource_id,
+                 "--boot-disk-type": self.boot_disk_type, "--boot-disk-size-gb": self.boot_disk_size_gb is not None,
+                 "--enable-web-access": self.enable_web_access, "--tensorboard": self.tensorboard,
+                 "--disable-retries": self.disable_retries}
+        return [flag for flag, value in flags.items() if value]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +99,25 @@ class JobRequest:
     spot: bool = False
     timeout_seconds: int | None = None
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    vertex: VertexOptions = VertexOptions()
 
     def pool(self, role: str) -> Pool | None:
         return next((p for p in self.pools if p.role == role), None)
+
+
+def parse_duration(text: str, flag: str) -> int:
+    """Seconds from "3600", "3600s", "90m", "12h" or "2d"; one-line SpecError otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(text))
+    if not match:
+        raise SpecError(f"{flag} takes a duration such as 3600, 3600s, 90m, 12h or 2d; got {text!r}")
+    return int(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def _machine(flag: str, machine_type: str, accelerator_type: str | None, accelerator_count: int):
+    try:
+        return accelerators.check_machine(machine_type, accelerator_type, accelerator_count)
+    except accelerators.AcceleratorError as error:
+        raise SpecError(f"{flag}: {error}" if flag else str(error)) from None
 
 
 def build_request(
@@ -79,6 +126,8 @@ def build_request(
     ps_machine_type: str, evaluator_machine_type: str | None, evaluator_image_uri: str | None = None,
     trainer_args=(), base_output_dir=None, service_account=None, network=None, labels=(),
     spot=False, timeout_seconds=None, max_restarts=DEFAULT_MAX_RESTARTS,
+    reducers: int = 0, reducer_machine_type: str = REDUCTION_SERVER_MACHINE_TYPE,
+    reducer_image_uri: str = REDUCTION_SERVER_IMAGES[0], vertex: VertexOptions = VertexOptions(),
 ) -> JobRequest:
     """Validates a request and lays out its pools; raises SpecError when it cannot work."""
     if workers < 1:
@@ -91,23 +140,38 @@ def build_request(
         raise SpecError(f"--accelerator-type {accelerator_type} needs --accelerator-count of at least 1")
     if accelerator_count and not accelerator_type:
         raise SpecError("--accelerator-count needs --accelerator-type")
-    if accelerator_type:
-        family = machine_type.split("-")[0]
-        allowed = ACCELERATORS_BY_FAMILY.get(family, set())
-        if accelerator_type not in allowed:
-            takes = ", ".join(sorted(allowed)) if allowed else "no GPUs"
-            raise SpecError(f"machine type {machine_type} cannot take {accelerator_type} ({family} machines take {takes})")
+    training_machine = _machine("", machine_type, accelerator_type, accelerator_count)
+    if ps:
+        _machine("--ps-machine-type", ps_machine_type, None, 0)
+    if evaluator and evaluator_machine_type:
+        _machine("--evaluator-machine-type", evaluator_machine_type, None, 0)
+    try:
+        accelerators.check_boot_disk(machine_type, vertex.boot_disk_type, vertex.boot_disk_size_gb)
+    except accelerators.AcceleratorError as error:
+        raise SpecError(str(error)) from None
+
     training_image = (gpu_image_uri or image_uri) if accelerator_type else image_uri
     training = dict(machine_type=machine_type, image_uri=training_image,
-                    accelerator_type=accelerator_type, accelerator_count=accelerator_count)
+                    accelerator_type=accelerator_type, accelerator_count=accelerator_count,
+                    boot_disk_type=vertex.boot_disk_type or training_machine.boot_disks[0],
+                    boot_disk_size_gb=vertex.boot_disk_size_gb or accelerators.BOOT_DISK_GB[0],
+                    reserved=vertex.reservation is not None)
+
+    def own_machine(role: str, replicas: int, machine: str, image: str) -> Pool:
+        """A pool on a machine of its own: its default disk, no GPUs, no reservation."""
+        return Pool(role, replicas, machine, image, boot_disk_type=accelerators.machine(machine).boot_disks[0])
+
     pools = [Pool("chief", 1, **training), Pool("worker", workers, **training)]
     if ps:
-        pools.append(Pool("ps", ps, ps_machine_type, image_uri))
+        pools.append(own_machine("ps", ps, ps_machine_type, image_uri))
+    if reducers:
+        pools.append(_reducer_pool(strategy, accelerator_type, reducers, reducer_machine_type, reducer_image_uri,
+                                   own_machine))
     if evaluator:
-        pools.append(Pool("evaluator", 1, evaluator_machine_type or machine_type,
-                          evaluator_image_uri or training_image,
-                          accelerator_type if not evaluator_machine_type else None,
-                          accelerator_count if not evaluator_machine_type else 0))
+        if evaluator_machine_type:
+            pools.append(own_machine("evaluator", 1, evaluator_machine_type, evaluator_image_uri or training_image))
+        else:
+            pools.append(Pool("evaluator", 1, **{**training, "image_uri": evaluator_image_uri or training_image}))
     args = list(trainer_args)
     if strategy == "pss" and "--strategy" not in args:
         args = ["--strategy", "parameter_server", *args]
@@ -115,28 +179,135 @@ def build_request(
         raise SpecError(f"--timeout must be a positive number of seconds, got {timeout_seconds}")
     if max_restarts < 0:
         raise SpecError(f"--max-restarts must be 0 or more, got {max_restarts}")
-    return JobRequest(name, strategy, tuple(pools), tuple(args), base_output_dir, service_account, network,
-                      tuple(labels), spot, timeout_seconds, max_restarts)
+    request = JobRequest(name, strategy, tuple(pools), tuple(args), base_output_dir, service_account, network,
+                         tuple(labels), spot, timeout_seconds, max_restarts, vertex)
+    _check_capacity(request)
+    return request
+
+
+def _reducer_pool(strategy, accelerator_type, reducers, machine_type, image_uri, own_machine) -> Pool:
+    """Vertex's Reduction Server: reducers in worker pool 2, running Google's image. Its
+    prerequisites ("Distributed training" page): distributed training with GPU workers whose
+    framework all-reduces with NCCL; reducers use no GPUs."""
+    if reducers < 0:
+        raise SpecError(f"--reduction-server takes a number of reducers, got {reducers}")
+    if strategy != "mwms":
+        raise SpecError("--reduction-server is for --strategy mwms: worker pool 2 holds either parameter servers or "
+                        "reducers, and reducers serve NCCL all-reduce, which ParameterServerStrategy does not use")
+    if not accelerator_type:
+        raise SpecError("--reduction-server needs GPU workers (--accelerator-type): Reduction Server aggregates the "
+                        "NCCL all-reduce between GPU workers")
+    if image_uri not in REDUCTION_SERVER_IMAGES:
+        raise SpecError(f"--reduction-server-image must be one of Google's Reduction Server images: "
+                        f"{', '.join(REDUCTION_SERVER_IMAGES)}")
+    _machine("--reduction-server-machine-type", machine_type, None, 0)
+    return own_machine("reducer", reducers, machine_type, image_uri)
+
+
+def _check_capacity(request: JobRequest) -> None:
+    """Combinations Vertex AI refuses, refused here first, each from the page that states it."""
+    options, chief = request.vertex, request.pool("chief")
+    gpu = accelerators.GPUS.get(chief.accelerator_type) if chief.accelerator_type else None
+    if options.max_wait_seconds is not None and not options.flex_start:
+        # Scheduling.maxWaitDuration applies to the FLEX_START strategy only (aiplatform v1 Scheduling).
+        raise SpecError("--max-wait is for --flex-start: it is how long Dynamic Workload Scheduler may wait for "
+                        "the GPUs")
+    if options.flex_start and request.spot:
+        raise SpecError("--flex-start and --spot are two values of one field, scheduling.strategy: choose one")
+    if options.flex_start:
+        # "Schedule training jobs based on resource availability": the job requests L4, A100, H100,
+        # H200 or B200 GPUs, has a timeout of 7 days or less, and uses the same machine
+        # configuration for all worker pools.
+        if gpu is None or not gpu.flex_start:
+            allowed = ", ".join(name for name, g in accelerators.GPUS.items() if g.flex_start)
+            raise SpecError(f"--flex-start needs GPUs Dynamic Workload Scheduler provisions ({allowed}); this job "
+                            f"asks for {chief.accelerator_type or 'none'}")
+        other = next((p for p in request.pools if (p.machine_type, p.accelerator_type, p.accelerator_count) !=
+                      (chief.machine_type, chief.accelerator_type, chief.accelerator_count)), None)
+        if other is not None:
+            raise SpecError(f"--flex-start needs the same machine configuration in every worker pool (Dynamic Workload "
+                            f"Scheduler), but the {other.role} pool runs on {other.machine_type} without the "
+                            f"workers' GPUs")
+        if request.timeout_seconds and request.timeout_seconds > FLEX_START_MAX_TIMEOUT:
+            raise SpecError(f"--flex-start takes jobs with a --timeout of at most 7 days ({FLEX_START_MAX_TIMEOUT} s), "
+                            f"got {request.timeout_seconds}")
+    reservation = options.reservation
+    if reservation not in (None, "any", "none") and not _RESERVATION.fullmatch(reservation):
+        raise SpecError(f"--reservation is any, none, or a reservation's full name "
+                        f"projects/PROJECT/zones/ZONE/reservations/NAME; got {reservation!r}")
+    if reservation not in (None, "none"):
+        # Compute Engine, "Choose a reservation type", limitations: reserved capacity cannot create
+        # Spot VMs. Vertex AI, "Use reservations with training": Flex Start and persistent
+        # resources are supported "except when using Compute Engine reservations".
+        if request.spot:
+            raise SpecError("--reservation with --spot: a reservation's capacity cannot create Spot VMs "
+                            "(use --reservation none, or drop --spot)")
+        if options.flex_start:
+            raise SpecError("--reservation with --flex-start: Vertex AI runs Flex Start jobs without Compute Engine "
+                            "reservations; choose one")
+        if options.persistent_resource_id:
+            raise SpecError("--reservation with --persistent-resource-id: Vertex AI runs jobs on a persistent "
+                            "resource without Compute Engine reservations; choose one")
+    if options.persistent_resource_id:
+        if not _PERSISTENT_RESOURCE_ID.fullmatch(options.persistent_resource_id):
+            raise SpecError(f"--persistent-resource-id is a persistent resource's ID (lowercase letters, digits and "
+                            f"'-', at most 63), got {options.persistent_resource_id!r}")
+        # "Run training jobs on a persistent resource": the job runs on the resource's existing
+        # VMs, whose machine and disk it must match; how new VMs are obtained does not apply.
+        if request.spot or options.flex_start:
+            raise SpecError(f"--persistent-resource-id with {'--spot' if request.spot else '--flex-start'}: a job on "
+                            "a persistent resource runs on the VMs the resource already holds")
+    if options.tensorboard:
+        if not _TENSORBOARD.fullmatch(options.tensorboard):
+            raise SpecError(f"--tensorboard is a Vertex AI TensorBoard's name, "
+                            f"projects/PROJECT/locations/REGION/tensorboards/ID; got {options.tensorboard!r}")
+        # The trainer writes its events to AIP_TENSORBOARD_LOG_DIR, which Vertex sets only with a
+        # base output directory, and the upload needs a service account ("Use Vertex AI
+        # TensorBoard with custom training"; the SDK's CustomJob.run: "`service_account` is
+        # required with provided `tensorboard`").
+        if not request.base_output_dir:
+            raise SpecError("--tensorboard needs --base-output-dir: Vertex uploads what the trainer writes to "
+                            "AIP_TENSORBOARD_LOG_DIR, which it sets under the base output directory")
+        if not request.service_account:
+            raise SpecError("--tensorboard needs --service-account: Vertex AI uploads TensorBoard logs as that "
+                            "service account")
 
 
 # --- Vertex AI -------------------------------------------------------------------------------
 
-VERTEX_POOL_INDEX = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
+# Worker pool 2 holds parameter servers or Reduction Server reducers ("Distributed training").
+VERTEX_POOL_INDEX = {"chief": 0, "worker": 1, "ps": 2, "reducer": 2, "evaluator": 3}
+
+
+def _reservation_affinity(reservation: str) -> dict:
+    """MachineSpec.reservationAffinity ("Use reservations with training"): any matching
+    reservation (else on-demand), none, or one reservation by its full name."""
+    if reservation == "any":
+        return {"reservationAffinityType": "ANY_RESERVATION"}
+    if reservation == "none":
+        return {"reservationAffinityType": "NO_RESERVATION"}
+    return {"reservationAffinityType": "SPECIFIC_RESERVATION", "key": RESERVATION_NAME_KEY, "values": [reservation]}
 
 
 def vertex_custom_job(request: JobRequest) -> dict:
-    """A Vertex AI CustomJob (aiplatform v1 JSON): pool 0 chief, 1 workers, 2 ps, 3 evaluator.
-    A pool that is not used stays an empty entry, so the indices keep their meaning."""
+    """A Vertex AI CustomJob (aiplatform v1 JSON): pool 0 chief, 1 workers, 2 ps or reducers,
+    3 evaluator. A pool that is not used stays an empty entry, so the indices keep their meaning.
+    The reducers run Google's image as it is: no command, no args."""
     specs = [{} for _ in range(1 + max(VERTEX_POOL_INDEX[p.role] for p in request.pools))]
     for pool in request.pools:
         machine = {"machineType": pool.machine_type}
         if pool.accelerator_type:
             machine.update(acceleratorType=pool.accelerator_type, acceleratorCount=pool.accelerator_count)
+        if pool.reserved and request.vertex.reservation:
+            machine["reservationAffinity"] = _reservation_affinity(request.vertex.reservation)
+        container: dict = {"imageUri": pool.image_uri}
+        if pool.role != "reducer":
+            container["args"] = list(request.trainer_args)
         specs[VERTEX_POOL_INDEX[pool.role]] = {
             "replicaCount": str(pool.replicas),
             "machineSpec": machine,
-            "diskSpec": {"bootDiskType": "pd-ssd", "bootDiskSizeGb": 100},
-            "containerSpec": {"imageUri": pool.image_uri, "args": list(request.trainer_args)},
+            "diskSpec": {"bootDiskType": pool.boot_disk_type, "bootDiskSizeGb": pool.boot_disk_size_gb},
+            "containerSpec": container,
         }
     job_spec: dict = {"workerPoolSpecs": specs}
     scheduling = vertex_scheduling(request)
@@ -149,6 +320,13 @@ def vertex_custom_job(request: JobRequest) -> dict:
         job_spec["serviceAccount"] = request.service_account
     if request.network:
         job_spec["network"] = request.network
+    options = request.vertex
+    if options.persistent_resource_id:
+        job_spec["persistentResourceId"] = options.persistent_resource_id
+    if options.enable_web_access:
+        job_spec["enableWebAccess"] = True  # an interactive shell in each replica; the images carry bash
+    if options.tensorboard:
+        job_spec["tensorboard"] = options.tensorboard
     job = {"displayName": request.name, "jobSpec": job_spec}
     if request.labels:
         job["labels"] = dict(request.labels)
@@ -160,31 +338,60 @@ SELFCHECK_COMMAND = ("python", "-m", "trainer.selfcheck")
 
 def vertex_selfcheck_job(request: JobRequest) -> dict:
     """One replica on the chief's machine, GPUs and image, running `python -m trainer.selfcheck`
-    (the trainer args become its args): proves an image on that GPU before a large job pays."""
+    (the trainer args become its args): proves an image on that GPU before a large job pays.
+    It obtains its machine as the job would (Spot, FLEX_START, reservation, persistent resource)
+    and writes no output, so it has no base output directory and no TensorBoard."""
     chief = dataclasses.replace(request.pool("chief"), role="chief", replicas=1)
     job = vertex_custom_job(dataclasses.replace(request, pools=(chief,), base_output_dir=None,
+                                                vertex=dataclasses.replace(request.vertex, tensorboard=None),
                                                 name=f"{request.name}-selfcheck"))
     job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] = list(SELFCHECK_COMMAND)
     return job
 
 
+# What the workers' image needs for Reduction Server ("Distributed training", prerequisites: a
+# custom container "with NCCL 2.7 or later and the google-reduction-server package installed"),
+# which this project's GPU image cannot carry: Google's apt repository is not reachable where it
+# is built and tested. docs/gpus.md#reduction-server gives the Dockerfile lines.
+REDUCTION_SERVER_IMAGE_WARNING = (
+    "warning: --reduction-server: the workers' image must carry Google's NCCL plugin, the apt package "
+    "google-reduction-server from https://packages.cloud.google.com/apt (suite google-fast-socket), for NCCL to "
+    "send its all-reduce through the reducers; this project's GPU image does not (add the lines in "
+    "docs/gpus.md#reduction-server to Dockerfile.gpu). Without it NCCL does not use the reducers, which are billed "
+    "all the same.")
+
+
 def accelerator_warnings(request: JobRequest) -> list[str]:
-    """One line per kind of GPU this TensorFlow build has to JIT-compile for."""
-    slow = sorted({p.accelerator_type for p in request.pools if p.accelerator_type in PTX_ONLY_ACCELERATORS})
-    return [f"warning: {name}: TensorFlow 2.21 ships no kernels for this GPU, only PTX, so each new container "
-            f"JIT-compiles them at start (30 minutes or longer, tensorflow/tensorflow#60739); the image caches them "
-            f"for later processes (CUDA_CACHE_MAXSIZE). Prove it first with --self-check." for name in slow]
+    """One line per thing to know before paying: a GPU the wheel has only PTX for (from the
+    wheel's own kernel list), a deprecated GPU, a reducer pool the image cannot serve."""
+    lines, seen = [], set()
+    for pool in request.pools:
+        if pool.accelerator_type and pool.accelerator_type not in seen:
+            seen.add(pool.accelerator_type)
+            lines += accelerators.gpu_warnings(pool.accelerator_type, pool.machine_type, pool.accelerator_count)
+    if request.pool("reducer"):
+        lines.append(REDUCTION_SERVER_IMAGE_WARNING)
+    return lines
 
 
 def vertex_scheduling(request: JobRequest) -> dict:
     """Vertex restarts only the replica that failed. A MultiWorkerMirrored job cannot take a
     replica back mid-collective (the others fail or hang), so the whole job restarts and resumes
-    from its backup; ParameterServer workers rejoin on their own, so those jobs keep the default."""
+    from its backup; ParameterServer workers rejoin on their own, so those jobs keep the default.
+    disableRetries "overrides restart_job_on_worker_restart to false" (aiplatform v1 Scheduling),
+    so with it the restart flag is left out rather than written and ignored."""
+    options = request.vertex
     scheduling: dict = {}
-    if request.strategy == "mwms":
+    if request.strategy == "mwms" and not options.disable_retries:
         scheduling["restartJobOnWorkerRestart"] = True
+    if options.disable_retries:
+        scheduling["disableRetries"] = True
     if request.spot:
         scheduling["strategy"] = "SPOT"
+    if options.flex_start:
+        scheduling["strategy"] = "FLEX_START"
+        if options.max_wait_seconds is not None:
+            scheduling["maxWaitDuration"] = f"{options.max_wait_seconds}s"
     if request.timeout_seconds:
         scheduling["timeout"] = f"{request.timeout_seconds}s"
     return scheduling
@@ -223,6 +430,13 @@ def vertex_tuning_job(request: JobRequest, tuning: Tuning) -> dict:
     }
 
 
+def vertex_only(request: JobRequest, target: str) -> None:
+    """Reduction Server and the capacity and machine options exist only in Vertex AI's CustomJob."""
+    given = request.vertex.given() + (["--reduction-server"] if request.pool("reducer") else [])
+    if given:
+        raise SpecError(f"{', '.join(given)}: for the vertex and hptune targets; {target} has no such setting")
+
+
 # --- AI Platform Training (retired on 2025-04-07) -----------------------------------------------
 
 # Printed above the config.yaml: the service is gone, the shape it gives the trainer is not.
@@ -236,6 +450,7 @@ AI_PLATFORM_HEADER = (
 def ai_platform_config(request: JobRequest, region: str, tuning: Tuning | None = None) -> dict:
     """config.yaml in AI Platform Training's format (`gcloud ai-platform jobs submit training
     --config`), a Job with trainingInput. The service is retired (AI_PLATFORM_HEADER)."""
+    vertex_only(request, "AI Platform Training")
     names = {"chief": "master", "worker": "worker", "ps": "parameterServer", "evaluator": "evaluator"}
     training: dict = {"scaleTier": "CUSTOM", "region": region, "useChiefInTfConfig": True, "args": list(request.trainer_args)}
     for pool in request.pools:
@@ -289,6 +504,7 @@ TFJOB_HEADER = ("# Kubeflow training-operator v1 (TFJob), maintained only on its
 
 def tfjob_manifest(request: JobRequest, namespace: str) -> dict:
     """A kubeflow.org/v1 TFJob. GPUs are requested as nvidia.com/gpu limits on GPU pools."""
+    vertex_only(request, "a TFJob")
     name = request.name.lower().replace("_", "-")
     replica_specs = {}
     for pool in request.pools:
@@ -348,6 +564,7 @@ def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = Non
     (replicas: 1) whose pods are the role's tasks (Indexed, completions = parallelism = pods), so
     pod i of role R has the hostname `{name}-{R}-0-{i}` and the DNS name `{name}-{R}-0-{i}.{name}`.
     Every container gets trainer.cluster's JobSet variables; nothing else tells a pod its cluster."""
+    vertex_only(request, "a JobSet")
     name = request.name.lower().replace("_", "-")
     _check_jobset_names(name, request.pools)
     pods = ",".join(f"{pool.role}={pool.replicas}" for pool in request.pools)
@@ -465,7 +682,11 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
 
     vertex: CLUSTER_SPEC (workerpool0..3, the job's spec under "job") on every replica, and TF_CONFIG
     (chief/worker/ps; an evaluator is told its task but is not in the cluster) when there is more
-    than one replica (Vertex's "Distributed training" page);
+    than one replica (Vertex's "Distributed training" page). Vertex names every task by its pool's
+    position, so a Reduction Server job's reducers are pool 2 like parameter servers: `workerpool2`
+    in CLUSTER_SPEC and `ps` in TF_CONFIG, on every replica, the reducers' own included; the page
+    documents no other variables for them. Only `job`, the spec itself, tells them apart: its pool
+    2 runs Google's reduction-server image, which trainer.cluster reads;
     ai-platform: CLUSTER_SPEC with `master`, TF_CONFIG with `chief` (useChiefInTfConfig);
     tfjob: TF_CONFIG from the replica types, the evaluator left out of the cluster.
     A JobSet sets no cluster variable: each pod's whole environment, from which trainer.cluster
@@ -474,7 +695,7 @@ def cluster_environments(platform: str, spec: dict) -> list[dict[str, str]]:
     if platform == "vertex":
         job_spec = spec.get("jobSpec", spec.get("trialJobSpec"))
         pools = job_spec["workerPoolSpecs"]
-        roles = {0: "chief", 1: "worker", 2: "ps", 3: "evaluator"}
+        roles = {0: "chief", 1: "worker", 2: "ps", 3: "evaluator"}  # by position, whatever pool 2 runs
         hosts = {i: [f"workerpool{i}-{r}:2222" for r in range(int(p["replicaCount"]))] for i, p in enumerate(pools) if p}
         # TF_CONFIG's cluster "never contains evaluator as a key"; CLUSTER_SPEC lists every pool.
         tf_cluster = {roles[i]: h for i, h in hosts.items() if roles[i] != "evaluator"}

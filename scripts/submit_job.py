@@ -94,6 +94,42 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tfjob: runPolicy.backoffLimit, the pod restarts allowed before the job fails; jobset: "
                         "failurePolicy.maxRestarts, the restarts of the whole JobSet, and the replacements each PSS "
                         "worker or evaluator Job may make of its pods")
+    capacity = parser.add_argument_group(
+        "capacity and machines (vertex, hptune; docs/gpus.md says which combinations Vertex AI takes)")
+    capacity.add_argument("--flex-start", action="store_true",
+                          help="obtain the GPUs through Dynamic Workload Scheduler (scheduling.strategy FLEX_START): "
+                          "the job waits until every node can start together")
+    capacity.add_argument("--max-wait", default=None, metavar="DURATION",
+                          help="with --flex-start: how long to wait for the GPUs (scheduling.maxWaitDuration; 3600, "
+                          "90m, 12h, 2d; 0 waits without limit; Vertex's default is 1 day)")
+    capacity.add_argument("--reservation", default=None, metavar="any|none|projects/P/zones/Z/reservations/NAME",
+                          help="consume a Compute Engine reservation on the chief's and workers' machines "
+                          "(machineSpec.reservationAffinity): any matching one, none, or that one")
+    capacity.add_argument("--persistent-resource-id", default=None, metavar="ID",
+                          help="run on a Vertex AI persistent resource's VMs (persistentResourceId); the machine, "
+                          "GPUs and boot disk must match one of its resource pools")
+    capacity.add_argument("--boot-disk-type", default=None, metavar="TYPE",
+                          help="the chief's and workers' boot disk: pd-ssd, pd-standard or hyperdisk-balanced "
+                          "(default: the machine's own; A3 Ultra, A4 and G4 boot from hyperdisk-balanced only)")
+    capacity.add_argument("--boot-disk-size-gb", type=int, default=None, metavar="GB",
+                          help="the chief's and workers' boot disk size, 100 to 64000 (default 100)")
+    capacity.add_argument("--enable-web-access", action="store_true",
+                          help="an interactive shell into each replica while it runs (enableWebAccess)")
+    capacity.add_argument("--tensorboard", default=None, metavar="projects/P/locations/L/tensorboards/ID",
+                          help="upload the TensorBoard events to this Vertex AI TensorBoard (needs --base-output-dir "
+                          "and --service-account)")
+    capacity.add_argument("--disable-retries", action="store_true",
+                          help="no restart or retry of any kind after the job starts (scheduling.disableRetries; "
+                          "it overrides restartJobOnWorkerRestart)")
+    reduction = parser.add_argument_group("Reduction Server (vertex, hptune; mwms on GPU workers)")
+    reduction.add_argument("--reduction-server", type=int, default=0, metavar="REDUCERS",
+                           help="add this many Reduction Server reducers (worker pool 2, Google's image): NCCL's "
+                           "all-reduce between the GPU workers goes through them; the workers' image needs Google's "
+                           "NCCL plugin (docs/gpus.md#reduction-server)")
+    reduction.add_argument("--reduction-server-machine-type", default=jobspec.REDUCTION_SERVER_MACHINE_TYPE,
+                           help="the reducers' machine; their total bandwidth should match the workers'")
+    reduction.add_argument("--reduction-server-image", default=jobspec.REDUCTION_SERVER_IMAGES[0],
+                           help="Google's image, from the multi-region nearest the job (us-, europe- or asia-docker)")
     parser.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"), help="for submitting")
     parser.add_argument("--region", default="us-central1")
     parser.add_argument("--namespace", default="default", help="jobset/tfjob namespace")
@@ -110,6 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def vertex_options(args) -> jobspec.VertexOptions:
+    """The capacity and machine options, refused with one line on a target that has none of them."""
+    options = jobspec.VertexOptions(
+        flex_start=args.flex_start,
+        max_wait_seconds=None if args.max_wait is None else jobspec.parse_duration(args.max_wait, "--max-wait"),
+        reservation=args.reservation, persistent_resource_id=args.persistent_resource_id,
+        boot_disk_type=args.boot_disk_type, boot_disk_size_gb=args.boot_disk_size_gb,
+        enable_web_access=args.enable_web_access, tensorboard=args.tensorboard, disable_retries=args.disable_retries)
+    given = options.given() + (["--reduction-server"] if args.reduction_server else [])
+    if given and args.target not in ("vertex", "hptune"):
+        raise jobspec.SpecError(f"{', '.join(given)}: for the vertex and hptune targets ({args.target} has no such setting)")
+    return options
+
+
 def build_request(args) -> jobspec.JobRequest:
     if args.target == "ai-platform" and args.evaluator and not args.evaluator_image_uri:
         raise jobspec.SpecError("an AI Platform evaluator needs --evaluator-image-uri (gcloud has no flag for it; it goes in config.yaml)")
@@ -120,7 +170,9 @@ def build_request(args) -> jobspec.JobRequest:
         ps_machine_type=args.ps_machine_type, evaluator_machine_type=args.evaluator_machine_type,
         trainer_args=args.trainer_args, base_output_dir=args.base_output_dir, service_account=args.service_account,
         network=args.network, labels=args.labels, spot=args.spot, timeout_seconds=args.timeout,
-        max_restarts=args.max_restarts,
+        max_restarts=args.max_restarts, reducers=args.reduction_server,
+        reducer_machine_type=args.reduction_server_machine_type, reducer_image_uri=args.reduction_server_image,
+        vertex=vertex_options(args),
     )
 
 
@@ -281,7 +333,10 @@ def main(argv=None) -> int:
     args.trainer_args = argv[split + 1:]
     try:
         fmt, spec = build_spec(args)
-        for warning in jobspec.accelerator_warnings(build_request(args)):
+        request = build_request(args)
+        if args.self_check:  # one replica of the chief's pool is all the self-check runs
+            request = dataclasses.replace(request, pools=(request.pool("chief"),))
+        for warning in jobspec.accelerator_warnings(request):
             print(warning, file=sys.stderr)
         if args.dry_run or args.target in ("ai-platform", "jobset", "tfjob"):
             if fmt == "json":

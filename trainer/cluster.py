@@ -4,6 +4,10 @@ Every platform describes the cluster slightly differently:
 
 * Vertex AI sets TF_CONFIG with chief/worker/ps/evaluator, and CLUSTER_SPEC with
   workerpool0..workerpool3 (0 = chief, 1 = workers, 2 = parameter servers, 3 = evaluator).
+  Pool 2 may instead hold Reduction Server reducers, which run Google's image and no TensorFlow
+  server; both variables still name them `ps` / `workerpool2`, so the job's own spec (their
+  `job` field) decides: when its pool 2 runs the reduction-server image, those tasks are reducers,
+  counted in `num_reducers` and left out of the cluster TensorFlow is given.
 * AI Platform Training (legacy) names the chief `master` (unless useChiefInTfConfig is set) and
   adds `task.trial` during hyperparameter tuning.
 * A Kubeflow TFJob sets TF_CONFIG from its replica types (Chief, Master, Worker, PS, Evaluator).
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import sys
 from typing import Any, Mapping
@@ -70,6 +75,16 @@ JOBSET_VARIABLES = (*JOBSET_LABEL_ENV, JOBSET_PODS, JOBSET_SUBDOMAIN, JOBSET_POR
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 TF_PORT = 2222
 
+# Google's Reduction Server images, one per multi-region (Vertex AI "Distributed training" page,
+# "Train using Reduction Server"); a tag or digest of the same image counts too.
+REDUCTION_SERVER_IMAGES = (
+    "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest",
+    "europe-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest",
+    "asia-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest",
+)
+_REDUCTION_SERVER_IMAGE = re.compile(
+    r"(us|europe|asia)-docker\.pkg\.dev/vertex-ai-restricted/training/reductionserver([:@][^\s/]+)?")
+
 
 class ClusterConfigError(ValueError):
     """The cluster description in the environment cannot be used. str() is one line."""
@@ -86,6 +101,7 @@ class Cluster:
     has_evaluator: bool
     tf_config: dict[str, Any] | None  # what this process gives TensorFlow; None: single process
     source: str  # "TF_CONFIG", "CLUSTER_SPEC", "JobSet" or "none"
+    num_reducers: int = 0  # Vertex Reduction Server reducers (worker pool 2); never in tf_config
 
     @property
     def task_name(self) -> str:
@@ -173,6 +189,12 @@ def _resolve_spec(variable: str, spec: dict, trial_from_env: str | None) -> Clus
             cluster[canonical] = list(addresses)
 
     task_type = _canonical_role(str(task.get("type", "")), fail)
+    reducers: list[str] = []
+    if runs_reduction_server(spec.get("job")):
+        reducers = cluster.pop(PS, [])
+        if task_type == PS:
+            raise fail(f'task {task.get("type")} {task.get("index", 0)} is a Reduction Server reducer: the job\'s '
+                       "worker pool 2 runs Google's reduction-server image (its spec, under \"job\"), not the trainer")
     task_index = task.get("index", 0)
     if isinstance(task_index, str) and task_index.isdigit():
         task_index = int(task_index)
@@ -199,7 +221,8 @@ def _resolve_spec(variable: str, spec: dict, trial_from_env: str | None) -> Clus
     if task_type != EVALUATOR and sum(len(hosts) for hosts in training_cluster.values()) == 1:
         # One training task: nothing to coordinate. Vertex gives even a single-replica job a
         # CLUSTER_SPEC (and no TF_CONFIG); it trains as one process, on all its local devices.
-        return dataclasses.replace(_single_process(trial), has_evaluator=bool(cluster.get(EVALUATOR)), source=variable)
+        return dataclasses.replace(_single_process(trial), has_evaluator=bool(cluster.get(EVALUATOR)), source=variable,
+                                   num_reducers=len(reducers))
     # With a chief task, the chief leads. Without one, TensorFlow makes worker 0 the chief.
     if CHIEF in training_cluster:
         is_chief = task_type == CHIEF
@@ -222,7 +245,28 @@ def _resolve_spec(variable: str, spec: dict, trial_from_env: str | None) -> Clus
         has_evaluator=bool(cluster.get(EVALUATOR)) or task_type == EVALUATOR,
         tf_config=tf_config,
         source=variable,
+        num_reducers=len(reducers),
     )
+
+
+def runs_reduction_server(job: Any) -> bool:
+    """Whether a Vertex job spec (CLUSTER_SPEC's or TF_CONFIG's `job`: the CustomJobSpec as a dict,
+    camelCase or snake_case, or the same as a JSON string) runs Google's Reduction Server image in
+    worker pool 2. Anything else, a missing or unreadable `job` included, is not: pool 2 then holds
+    parameter servers, as it always did."""
+    if isinstance(job, str):
+        try:
+            job = json.loads(job)
+        except ValueError:
+            return False
+    if not isinstance(job, dict):
+        return False
+    pools = job.get("workerPoolSpecs", job.get("worker_pool_specs"))
+    if not isinstance(pools, list) or len(pools) < 3 or not isinstance(pools[2], dict):
+        return False
+    container = pools[2].get("containerSpec", pools[2].get("container_spec"))
+    image = container.get("imageUri", container.get("image_uri")) if isinstance(container, dict) else None
+    return isinstance(image, str) and _REDUCTION_SERVER_IMAGE.fullmatch(image.strip()) is not None
 
 
 def _resolve_jobset(environ: Mapping[str, str]) -> Cluster:

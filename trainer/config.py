@@ -290,6 +290,12 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str], cluster: Clust
     ConfigError.
     """
     args = build_parser().parse_args(argv)
+    if args.strategy == "parameter_server" and cluster.num_reducers:
+        raise ConfigError(
+            f"--strategy parameter_server: this job's worker pool 2 holds {cluster.num_reducers} Reduction Server "
+            "reducer(s), not parameter servers; Reduction Server serves MultiWorkerMirrored's NCCL all-reduce "
+            "(--strategy auto or multi_worker_mirrored)"
+        )
     if args.strategy == "parameter_server" and cluster.num_ps == 0:
         raise ConfigError(
             "--strategy parameter_server needs ps tasks in the cluster (Vertex worker pool 2, "

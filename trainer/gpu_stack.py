@@ -91,6 +91,7 @@ class Stack:
     cuda_data_dir_source: str
     ptxas: Tool
     libdevice: str | None
+    nccl_net_plugin: str | None = None  # what NCCL loads as its network plugin; None: its own transport
 
     def library(self, key: str) -> Found:
         return next(f for f in self.libraries if f.key == key)
@@ -233,6 +234,53 @@ def load(key: str, path: str | None) -> Found:
         return Found(key, path, error=str(error).splitlines()[0])
 
 
+# --- NCCL's network plugin ---------------------------------------------------------------------
+
+NCCL_SONAME = "libnccl.so.2"
+NCCL_NET_PLUGIN = "NCCL_NET_PLUGIN"
+
+
+def nccl_net_plugin_names(environ: Mapping[str, str]) -> list[str]:
+    """The libraries NCCL tries, in order, for its network plugin (NCCL's environment variables,
+    NCCL_NET_PLUGIN): that variable's library (a path or a file name), then
+    libnccl-net-<value>.so; without the variable, libnccl-net.so. `none` turns plugins off."""
+    value = environ.get(NCCL_NET_PLUGIN, "").strip()
+    if value.lower() == "none":
+        return []
+    if not value:
+        return ["libnccl-net.so"]
+    if "/" in value:
+        return [value]
+    return [value, f"libnccl-net-{value}.so"]
+
+
+def nccl_net_plugin(environ: Mapping[str, str], nccl_path: str | None) -> str | None:
+    """The network plugin file NCCL (at `nccl_path`) would load, found as the dynamic loader
+    finds what NCCL dlopens; None when there is none and NCCL uses its own socket transport. Google's
+    Reduction Server works through such a plugin (the apt package google-reduction-server)."""
+    runpath = elf_runpath(nccl_path) if nccl_path else []
+    for name in nccl_net_plugin_names(environ):
+        if "/" in name:
+            if os.path.isfile(name):
+                return os.path.realpath(name)
+            continue
+        found = locate(name, environ.get("LD_LIBRARY_PATH", ""), runpath)
+        if found:
+            return found
+    return None
+
+
+def installed_nccl(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The libnccl.so.2 TensorFlow would load, found without importing TensorFlow."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.origin:
+        return None
+    site_packages = os.path.dirname(os.path.dirname(spec.origin))
+    return locate(NCCL_SONAME, environ.get("LD_LIBRARY_PATH", ""), elf_runpath(os.path.join(site_packages, TF_FRAMEWORK)))
+
+
 # --- XLA's compiler tools ---------------------------------------------------------------------
 
 def xla_cuda_data_dir(environ: Mapping[str, str], site_packages: str) -> tuple[str, str]:
@@ -291,6 +339,7 @@ def probe(environ: Mapping[str, str] = os.environ) -> Stack:
         cuda_data_dir_source=source,
         ptxas=ptxas(data_dir, environ),
         libdevice=libdevice if os.path.isfile(libdevice) else None,
+        nccl_net_plugin=nccl_net_plugin(environ, found["nccl"].path),
     )
 
 
@@ -340,6 +389,8 @@ def describe(stack: Stack) -> list[str]:
     lines.append(f"  {'ptxas':10s} {ptxas_version:12s} {stack.ptxas.path or '-'}")
     lines.append(f"  {'libdevice':10s} {'found' if stack.libdevice else 'MISSING':12s} "
                  f"{stack.libdevice or stack.cuda_data_dir} (XLA's CUDA dir from {stack.cuda_data_dir_source})")
+    plugin = stack.nccl_net_plugin or "(NCCL uses its own transport; Reduction Server needs Google's plugin)"
+    lines.append(f"  {'nccl-net':10s} {'found' if stack.nccl_net_plugin else 'none':12s} {plugin}")
     return lines
 
 

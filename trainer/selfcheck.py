@@ -43,13 +43,22 @@ def driver_version() -> str:
 
 def images_per_second(model, images, labels, steps: int, steps_per_execution: int = 1) -> float:
     """Train-step throughput on data already in memory; the first (compiling) call is excluded."""
+    return timed_images_per_second(model, images, labels, steps, steps_per_execution)[0]
+
+
+def timed_images_per_second(model, images, labels, steps: int, steps_per_execution: int = 1) -> tuple[float, float]:
+    """(train-step throughput on data already in memory, seconds of the first call). The first
+    call compiles the step, and on a GPU the wheel has only PTX for (H100 and newer,
+    docs/gpus.md) the driver JIT-compiles every kernel it runs: that is its start-up cost."""
     import tensorflow as tf
 
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    start = time.perf_counter()
     model.fit(dataset, steps_per_epoch=steps_per_execution, epochs=1, verbose=0)
+    first = time.perf_counter() - start
     start = time.perf_counter()
     model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
-    return steps * int(images.shape[0]) / (time.perf_counter() - start)
+    return steps * int(images.shape[0]) / (time.perf_counter() - start), first
 
 
 def generated_batch(batch: int, image_size: int, seed: int = 0):
@@ -63,6 +72,12 @@ def generated_batch(batch: int, image_size: int, seed: int = 0):
 def trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: int, steps: int,
                        steps_per_execution: int = 1) -> float:
     """The trainer's own ResNet50 + head under `policy`, on a generated batch."""
+    return timed_trainer_throughput(policy, jit_compile, batch, image_size, steps, steps_per_execution)[0]
+
+
+def timed_trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: int, steps: int,
+                             steps_per_execution: int = 1) -> tuple[float, float]:
+    """`trainer_throughput`, and the seconds its first (compiling) call took."""
     import tensorflow as tf
 
     from trainer import model as model_lib
@@ -72,7 +87,7 @@ def trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: i
         model = model_lib.build(5, image_size, "none")
         model_lib.compile_model(model, 1e-4, steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         images, labels = generated_batch(batch, image_size)
-        return images_per_second(model, images, labels, steps, steps_per_execution)
+        return timed_images_per_second(model, images, labels, steps, steps_per_execution)
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
 
@@ -134,10 +149,10 @@ def run(args) -> list[str]:
     batch = args.batch or (32 if gpus else 8)
     baseline = None
     for label, policy, jit in runs:
-        rate = trainer_throughput(policy, jit, batch, args.image_size, args.steps)
+        rate, first = timed_trainer_throughput(policy, jit, batch, args.image_size, args.steps)
         baseline = baseline or rate
         print(f"resnet50 train step, {label:24s} {rate:9.1f} images/s  x{rate / baseline:.2f}"
-              f"  (batch {batch}, {args.image_size} px, {args.steps} steps)")
+              f"  (batch {batch}, {args.image_size} px, {args.steps} steps; first step {first:.1f} s, compiling)")
     replicas, loss = local_multi_worker_fit(multi_worker)
     if not loss == loss:  # NaN
         return [f"multi_worker_mirrored over {replicas} local replicas trained to a NaN loss"]

@@ -38,8 +38,9 @@ from pathlib import Path
 
 from scripts import jobspec
 from scripts.rehearsal import fields
-from scripts.rehearsal.runner import (Container, Fault, Outcome, Output, RehearsalError, Restart, Run, Session,
-                                      drive, parse_fault, PREFIX)
+from scripts.rehearsal.runner import (PREFIX, Container, Fault, Outcome, Output, RehearsalError, Restart, Run, Session,
+                                      drive, parse_fault)
+from trainer import cluster as trainer_cluster
 
 # Vertex's retry rules ("Understanding the training service", "Use Spot VMs"; docs/rehearsal.md).
 REPLICA_RESTARTS = 5  # a replica restarted for a non-permanent reason (VM maintenance), before the job is retried
@@ -70,10 +71,6 @@ EMULATED = {"displayName": fields.ALL, "labels": fields.ALL, "jobSpec": _JOB_SPE
             "maxTrialCount": fields.ALL, "parallelTrialCount": fields.ALL,
             # a bare jobSpec, as --spec also takes
             **_JOB_SPEC}
-
-
-def is_reducer_image(uri: str) -> bool:
-    return "reductionserver" in uri
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +116,8 @@ def replicas_of(job_spec: dict) -> list[Replica]:
         if pool == 0 and count != 1:
             raise RehearsalError(f"workerPoolSpecs[0].replicaCount is {count}; Vertex runs exactly one replica in pool 0")
         env = tuple((item["name"], str(item.get("value", ""))) for item in container.get("env", []))
-        stand_in = pool == 2 and is_reducer_image(container["imageUri"])
+        # Reduction Server reducers run Google's image, which is not to be had here: stand-ins.
+        stand_in = pool == 2 and trainer_cluster.runs_reduction_server(job_spec)
         for index in range(count):
             replicas.append(Replica(pool, index, container["imageUri"], tuple(container.get("command", [])),
                                     tuple(container.get("args", [])), env,

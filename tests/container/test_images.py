@@ -212,9 +212,25 @@ def test_selfcheck_in_the_gpu_image_reports_the_locked_stack_and_trains_on_cpu(e
     assert re.search(r"^  cudart +12\.9 ", output, re.M)
     assert "driver: none (libcuda.so.1 not found" in output
     assert "device: no GPU visible; the CPU part runs" in output
-    assert re.search(r"^resnet50 train step, float32 +\d+\.\d images/s", output, re.M)
+    assert re.search(r"^resnet50 train step, float32 +\d+\.\d images/s .*; first step \d+\.\d s, compiling\)$",
+                     output, re.M)
+    assert re.search(r"^  nccl-net +none ", output, re.M)  # no Reduction Server plugin in this image
     assert re.search(r"^multi_worker_mirrored: 1 worker, 1 local replica\(s\) \(CPU\), 3 steps, loss \d", output, re.M)
     assert output.rstrip().endswith("selfcheck ok")
+
+
+def test_the_gpu_images_tensorflow_has_the_build_info_the_spec_builder_reads(engine, gpu_image):
+    """images/gpu/tensorflow-build-info.json, from which scripts/accelerators.py decides which GPUs
+    JIT-compile, is what the image's own TensorFlow says of itself."""
+    tool, env = engine
+    script = ("import json, tensorflow as tf; "
+              "print(json.dumps({'version': tf.__version__, 'build_info': dict(tf.sysconfig.get_build_info())}))")
+    result = sh(tool, "run", "--rm", "--entrypoint", "python", gpu_image, "-c", script, env=env)
+    image = json.loads(result.stdout.strip().splitlines()[-1])
+    committed = json.loads((REPO / "images" / "gpu" / "tensorflow-build-info.json").read_text())
+    assert image["version"] == committed["tensorflow"]
+    assert image["build_info"] == committed["build_info"]
+    assert image["build_info"]["cuda_compute_capabilities"], "a CUDA build lists its kernel architectures"
 
 
 def test_gpu_stack_check_fails_on_a_cudnn_below_the_minimum(engine, gpu_image, tmp_path):

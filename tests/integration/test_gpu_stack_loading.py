@@ -51,3 +51,14 @@ def test_a_library_without_the_function_is_an_error_not_a_version(tmp_path):
     empty = build_library(tmp_path / "libcudnn.so.9", "int unrelated(void) { return 0; }\n")
     found = gpu_stack.load("cudnn", str(empty))
     assert found.version is None and "cudnnGetVersion" in found.error
+
+
+def test_the_nccl_network_plugin_is_found_through_nccls_own_runpath(tmp_path):
+    """NCCL dlopens its plugin: LD_LIBRARY_PATH, then libnccl's RUNPATH, then the system, as for any library."""
+    nccl = build_library(tmp_path / "nvidia" / "nccl" / "lib" / "libnccl.so.2", "int ncclGetVersion(int *v) { *v = 23007; return 0; }\n",
+                         "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../plugins")
+    plugin = build_library(tmp_path / "nvidia" / "nccl" / "plugins" / "libnccl-net.so", "int ncclNetPlugin_v8;\n")
+    assert gpu_stack.nccl_net_plugin({}, str(nccl)) == str(plugin)
+    named = build_library(tmp_path / "gib" / "libnccl-net-gib.so", "int ncclNetPlugin_v8;\n")
+    assert gpu_stack.nccl_net_plugin({"NCCL_NET_PLUGIN": "gib", "LD_LIBRARY_PATH": str(named.parent)}, str(nccl)) == str(named)
+    assert gpu_stack.nccl_net_plugin({"NCCL_NET_PLUGIN": "none"}, str(nccl)) is None

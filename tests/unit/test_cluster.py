@@ -350,3 +350,97 @@ def test_cli_without_hostname_checks_the_kernels_hostname():
     result = run_jobset_cli(jobset_pod("worker", 1, HOSTNAME=None))
     assert result.returncode == 2
     assert result.stderr.startswith(f'trainer.cluster: HOSTNAME is "{socket.gethostname()}", but Kubernetes names pod 1')
+
+
+# --- Vertex Reduction Server: pool 2 runs Google's reducers, not parameter servers ------------------
+
+REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+
+
+def vertex_job(pool2_image, snake_case=False):
+    """The CustomJobSpec Vertex puts under "job": pools 0 and 1 the trainer, pool 2 `pool2_image`."""
+    if snake_case:
+        return {"worker_pool_specs": [{"container_spec": {"image_uri": "trainer"}}, {"container_spec": {"image_uri": "trainer"}},
+                                      {"container_spec": {"image_uri": pool2_image}}]}
+    return {"workerPoolSpecs": [{"containerSpec": {"imageUri": "trainer"}}, {"containerSpec": {"imageUri": "trainer"}},
+                                {"replicaCount": "2", "containerSpec": {"imageUri": pool2_image}}]}
+
+
+REDUCER_CLUSTER_SPEC = {"workerpool0": ["c:2222"], "workerpool1": ["w0:2222", "w1:2222"], "workerpool2": ["r0:2222", "r1:2222"]}
+REDUCER_TF_CONFIG = {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"], "ps": ["r0:2222", "r1:2222"]}
+
+
+@pytest.mark.parametrize("variable, cluster, task", [
+    ("CLUSTER_SPEC", REDUCER_CLUSTER_SPEC, {"type": "workerpool1", "index": 1}),
+    ("TF_CONFIG", REDUCER_TF_CONFIG, {"type": "worker", "index": 1}),
+])
+@pytest.mark.parametrize("job", [
+    vertex_job(REDUCER_IMAGE),
+    json.dumps(vertex_job(REDUCER_IMAGE)),  # the job as a JSON string
+    vertex_job(REDUCER_IMAGE, snake_case=True),
+    vertex_job("europe-docker.pkg.dev/vertex-ai-restricted/training/reductionserver@sha256:" + "a" * 64),
+    vertex_job("asia-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:20260101"),
+], ids=["camelCase", "json-string", "snake_case", "europe-digest", "asia-tag"])
+def test_reducers_in_pool_2_are_not_parameter_servers(variable, cluster, task, job):
+    resolved = resolve(env(variable, {"cluster": cluster, "task": task, "environment": "cloud", "job": job}))
+    assert (resolved.task_type, resolved.task_index, resolved.is_chief) == ("worker", 1, False)
+    assert (resolved.num_workers, resolved.num_ps, resolved.num_reducers) == (3, 0, 2)
+    # MultiWorkerMirrored must not wait for the reducers: they run no TensorFlow server.
+    assert resolved.tf_config == {"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"]},
+                                  "task": {"type": "worker", "index": 1}}
+    from trainer import strategy
+
+    assert strategy.choose("auto", resolved) == "multi_worker_mirrored"
+
+
+@pytest.mark.parametrize("job", [None, {}, "not json", {"workerPoolSpecs": "x"}, vertex_job("gcr.io/me/trainer:1"),
+                                 vertex_job("us-docker.pkg.dev/vertex-ai-restricted/training/reductionserverx:1"),
+                                 {"workerPoolSpecs": [{}, {}]}])
+def test_pool_2_without_googles_reducer_image_holds_parameter_servers(job):
+    spec = {"cluster": REDUCER_CLUSTER_SPEC, "task": {"type": "workerpool2", "index": 1}}
+    if job is not None:
+        spec["job"] = job
+    resolved = resolve(env("CLUSTER_SPEC", spec))
+    assert (resolved.task_type, resolved.num_ps, resolved.num_reducers) == ("ps", 2, 0)
+
+
+@pytest.mark.parametrize("variable, task", [("CLUSTER_SPEC", {"type": "workerpool2", "index": 1}),
+                                            ("TF_CONFIG", {"type": "ps", "index": 0})])
+def test_a_reducer_task_running_the_trainer_is_one_line(variable, task):
+    cluster = REDUCER_CLUSTER_SPEC if variable == "CLUSTER_SPEC" else REDUCER_TF_CONFIG
+    with pytest.raises(ClusterConfigError) as error:
+        resolve(env(variable, {"cluster": cluster, "task": task, "job": vertex_job(REDUCER_IMAGE)}))
+    assert str(error.value).startswith(f"{variable}: task {task['type']} {task['index']} is a Reduction Server reducer")
+    assert "\n" not in str(error.value)
+
+
+def test_reducers_beside_an_evaluator_and_in_a_chief_only_job():
+    cluster = {**REDUCER_CLUSTER_SPEC, "workerpool3": ["e:2222"]}
+    evaluator = resolve(env("CLUSTER_SPEC", {"cluster": cluster, "task": {"type": "workerpool3", "index": 0},
+                                             "job": vertex_job(REDUCER_IMAGE)}))
+    assert (evaluator.task_type, evaluator.num_reducers, evaluator.num_ps) == ("evaluator", 2, 0)
+    assert set(evaluator.tf_config["cluster"]) == {"chief", "worker"}
+    alone = resolve(env("CLUSTER_SPEC", {"cluster": {"workerpool0": ["c:2222"], "workerpool2": ["r:2222"]},
+                                         "task": {"type": "workerpool0", "index": 0}, "job": vertex_job(REDUCER_IMAGE)}))
+    assert (alone.tf_config, alone.num_reducers) == (None, 1)
+
+
+def test_cli_on_a_reducer_jobs_worker_prints_num_ps_0():
+    result = run_cli(env("CLUSTER_SPEC", {"cluster": REDUCER_CLUSTER_SPEC, "task": {"type": "workerpool1", "index": 0},
+                                          "environment": "cloud", "job": vertex_job(REDUCER_IMAGE)}))
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert (printed["num_ps"], printed["num_reducers"], printed["num_workers"]) == (0, 2, 3)
+    assert "ps" not in printed["tf_config"]["cluster"]
+
+
+def test_parameter_server_strategy_on_a_reducer_job_is_one_line():
+    from trainer import config
+
+    cluster = resolve(env("TF_CONFIG", {"cluster": REDUCER_TF_CONFIG, "task": {"type": "chief", "index": 0},
+                                        "job": vertex_job(REDUCER_IMAGE)}))
+    with pytest.raises(config.ConfigError) as error:
+        config.parse(["--strategy", "parameter_server"], {}, cluster)
+    assert str(error.value).startswith("--strategy parameter_server: this job's worker pool 2 holds 2 Reduction Server "
+                                       "reducer(s), not parameter servers")
+    assert "\n" not in str(error.value)

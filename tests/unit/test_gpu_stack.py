@@ -61,3 +61,52 @@ def test_xla_data_dir_comes_from_xla_flags_else_the_nvcc_wheel():
     flags = {"XLA_FLAGS": "--xla_gpu_autotune_level=2 --xla_gpu_cuda_data_dir=/opt/cuda"}
     assert gpu_stack.xla_cuda_data_dir(flags, "/site") == ("/opt/cuda", "XLA_FLAGS")
     assert gpu_stack.xla_cuda_data_dir({}, "/site") == ("/site/nvidia/cuda_nvcc", "the nvcc wheel")
+
+
+@pytest.mark.parametrize("environ, names", [
+    ({}, ["libnccl-net.so"]),
+    ({"NCCL_NET_PLUGIN": "gib"}, ["gib", "libnccl-net-gib.so"]),
+    ({"NCCL_NET_PLUGIN": "libnccl-net-fastsocket.so"}, ["libnccl-net-fastsocket.so", "libnccl-net-libnccl-net-fastsocket.so.so"]),
+    ({"NCCL_NET_PLUGIN": "/usr/local/gib/lib64/libnccl-net.so"}, ["/usr/local/gib/lib64/libnccl-net.so"]),
+    ({"NCCL_NET_PLUGIN": "none"}, []),
+])
+def test_the_network_plugins_nccl_tries_in_order(environ, names):
+    assert gpu_stack.nccl_net_plugin_names(environ) == names
+
+
+def test_the_network_plugin_is_found_where_the_loader_looks_or_reported_missing(tmp_path):
+    plugin = tmp_path / "plugins" / "libnccl-net.so"
+    plugin.parent.mkdir()
+    plugin.write_bytes(b"")
+    assert gpu_stack.nccl_net_plugin({"LD_LIBRARY_PATH": str(plugin.parent)}, None) == str(plugin)
+    assert gpu_stack.nccl_net_plugin({"LD_LIBRARY_PATH": str(plugin.parent), "NCCL_NET_PLUGIN": "none"}, None) is None
+    assert gpu_stack.nccl_net_plugin({"NCCL_NET_PLUGIN": str(plugin)}, None) == str(plugin)
+    assert gpu_stack.nccl_net_plugin({"NCCL_NET_PLUGIN": str(tmp_path / "missing.so")}, None) is None
+
+
+def test_the_stack_description_says_whether_nccl_has_a_network_plugin():
+    assert gpu_stack.describe(stack())[-1].split()[:2] == ["nccl-net", "none"]
+    assert gpu_stack.describe(stack(nccl_net_plugin="/usr/lib/libnccl-net.so"))[-1].split() == [
+        "nccl-net", "found", "/usr/lib/libnccl-net.so"]
+    assert gpu_stack.problems(stack()) == []  # a plugin is for Reduction Server jobs, not required
+
+
+def reducer_cluster(reducers):
+    from trainer.cluster import Cluster
+
+    return Cluster("worker", 0, False, None, 2, 0, False, {"cluster": {}, "task": {}}, "TF_CONFIG", num_reducers=reducers)
+
+
+def test_mwms_all_reduces_over_nccl_only_when_reducers_and_gpus_are_there():
+    import logging
+
+    from trainer import strategy
+
+    assert strategy.collective_implementation(reducer_cluster(0), 8, None)[0] == "AUTO"
+    implementation, why, level = strategy.collective_implementation(reducer_cluster(4), 0, None)
+    assert (implementation, level) == ("AUTO", logging.INFO) and "no GPU here" in why
+    implementation, why, level = strategy.collective_implementation(reducer_cluster(4), 8, None)
+    assert (implementation, level) == ("NCCL", logging.WARNING)
+    assert "finds no network plugin (libnccl-net.so)" in why and "google-reduction-server" in why
+    implementation, why, level = strategy.collective_implementation(reducer_cluster(4), 8, "/usr/lib/libnccl-net.so")
+    assert (implementation, level) == ("NCCL", logging.INFO) and why.endswith("/usr/lib/libnccl-net.so")
