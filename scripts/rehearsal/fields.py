@@ -3,8 +3,9 @@ it does, so that nothing is dropped without a word: a platform lists what it emu
 everything else a spec holds is named at the start of the run.
 
 A schema is a dict of field name -> ALL (the whole value is emulated), a nested schema, or a list
-holding one schema (for each item of a list). What no schema names is reported as `path=value`,
-the same path in several list items once, with their indices: `workerPoolSpecs[0,1].machineSpec...`.
+holding one schema (for each item of a list). Every leaf no schema names is reported as
+`path=value`, the same path and value in several list items once, with their indices:
+`workerPoolSpecs[0,1].machineSpec.machineType=a2-highgpu-1g`.
 """
 
 from __future__ import annotations
@@ -27,21 +28,22 @@ def not_emulated(document, schema) -> list[str]:
     return lines
 
 
+NOTHING: dict = {}  # no field of a value is emulated: each of its leaves is named
+
+
 def _walk(value, schema, path: tuple, found: dict, indices: tuple = ()) -> None:
     if schema is ALL:
         return
-    if isinstance(schema, list) and isinstance(value, list):
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        item_schema = schema[0] if isinstance(schema, list) else NOTHING
         for index, item in enumerate(value):
-            _walk(item, schema[0], (*path, "[]"), found, (*indices, index))
+            _walk(item, item_schema, (*path, "[]"), found, (*indices, index))
         return
-    if isinstance(schema, dict) and isinstance(value, dict):
+    if isinstance(value, dict) and isinstance(schema, dict):
         for key, item in value.items():
             if item in (None, "", [], {}):
                 continue  # an empty field asks for nothing
-            if key in schema:
-                _walk(item, schema[key], (*path, key), found, indices)
-            else:
-                _report((*path, key), item, found, indices)
+            _walk(item, schema.get(key, NOTHING) if key in schema else NOTHING, (*path, key), found, indices)
         return
     _report(path, value, found, indices)
 

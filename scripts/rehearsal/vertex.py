@@ -116,10 +116,12 @@ def replicas_of(job_spec: dict) -> list[Replica]:
         if pool == 0 and count != 1:
             raise RehearsalError(f"workerPoolSpecs[0].replicaCount is {count}; Vertex runs exactly one replica in pool 0")
         env = tuple((item["name"], str(item.get("value", ""))) for item in container.get("env", []))
-        # Reduction Server reducers run Google's image, which is not to be had here: stand-ins.
+        # Reduction Server reducers run Google's image, which cannot be pulled here: stand-ins on
+        # the chief's image take their names and addresses, and do nothing.
         stand_in = pool == 2 and trainer_cluster.runs_reduction_server(job_spec)
+        image = pools[0]["containerSpec"]["imageUri"] if stand_in else container["imageUri"]
         for index in range(count):
-            replicas.append(Replica(pool, index, container["imageUri"], tuple(container.get("command", [])),
+            replicas.append(Replica(pool, index, image, tuple(container.get("command", [])),
                                     tuple(container.get("args", [])), env,
                                     int(spec.get("machineSpec", {}).get("acceleratorCount", 0)), stand_in))
     return replicas
@@ -244,9 +246,10 @@ def stand_ins_note(job_spec: dict) -> str | None:
     reducers = [r for r in replicas_of(job_spec) if r.stand_in]
     if not reducers:
         return None
-    return (f"{', '.join(r.name for r in reducers)}: Reduction Server reducers ({reducers[0].image}) run here as "
-            "stand-ins that stay up and do nothing; the workers all-reduce among themselves, as they do when the "
-            "image lacks Google's NCCL plugin")
+    image = job_spec["workerPoolSpecs"][2]["containerSpec"]["imageUri"]
+    return (f"{', '.join(r.name for r in reducers)}: Reduction Server reducers ({image}) run here as stand-ins "
+            f"that stay up and do nothing, on {reducers[0].image}; the workers all-reduce among themselves, as "
+            "they do without GPUs or without Google's NCCL plugin")
 
 
 class VertexRules:

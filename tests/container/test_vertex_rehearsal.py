@@ -488,3 +488,24 @@ def test_disable_retries_turns_off_every_restart_and_retry(engine, base_image, t
     failed = lines(result.stdout, "local-run", "ERROR")[-1]
     assert failed.startswith("JOB_STATE_FAILED: ") and failed.endswith("(scheduling.disableRetries)"), failed
     assert leftovers(engine) == []
+
+
+def test_an_mwms_job_with_reduction_server_trains_with_mwms_beside_stand_in_reducers(engine, cpu_image, tmp_path):
+    """Worker pool 2 runs Google's reduction-server image, which cannot be pulled here: the
+    reducers run as stand-ins, and the chief and worker, told the cluster Vertex tells them
+    (reducers under `ps`), train with MultiWorkerMirrored without waiting for them."""
+    spec = dry_run("vertex", "--workers", "1", "--machine-type", "a2-highgpu-1g", "--accelerator-type", "NVIDIA_TESLA_A100",
+                   "--accelerator-count", "1", "--reduction-server", "2", "--", *TRAINING, image=cpu_image)
+    assert "reductionserver" in spec["jobSpec"]["workerPoolSpecs"][2]["containerSpec"]["imageUri"]
+    result = run_local(engine, tmp_path, spec)
+    assert result.returncode == 0, result.stdout[-5000:]
+    chief = "\n".join(lines(result.stdout, "workerpool0-0"))
+    assert "role: chief-0, strategy: multi_worker_mirrored" in chief and "replicas=2" in chief, chief[-3000:]
+    notes = lines(result.stdout, "local-run")
+    assert any(n.startswith("workerpool2-0, workerpool2-1: Reduction Server reducers (") and "stand-ins" in n
+               for n in notes), notes
+    assert lines(result.stdout, "workerpool2-0") == [] and lines(result.stdout, "workerpool2-1") == []
+    assert set(summary(result.stdout)) == {"workerpool0-0", "workerpool1-0", "workerpool2-0", "workerpool2-1"}
+    assert summary(result.stdout)["workerpool2-0"][1] == 0
+    assert lines(result.stdout, "local-run", "INFO")[-1].startswith("JOB_STATE_SUCCEEDED")
+    assert leftovers(engine) == []

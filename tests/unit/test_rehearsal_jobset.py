@@ -372,3 +372,14 @@ def test_what_the_webhook_or_kubernetes_refuses_is_refused_before_anything_runs(
     with pytest.raises(jobspec.SpecError) as error:
         jobset.admitted(manifest)
     assert str(error.value).startswith(message), error.value
+
+
+def test_the_start_names_every_field_of_the_jobset_the_rehearsal_does_not_apply():
+    manifest = generated("--workers", "1", "--spot", "--queue", "team-a")
+    line = jobset.not_emulated(manifest)
+    for field in ("metadata.labels.kueue.x-k8s.io/queue-name=team-a",
+                  "spec.replicatedJobs[0,1].template.spec.template.spec.nodeSelector.cloud.google.com/gke-spot=true",
+                  "spec.replicatedJobs[0,1].template.spec.template.spec.tolerations[0].effect=NoSchedule"):
+        assert field in line, (field, line)
+    for emulated in ("image", "env", "podFailurePolicy", "failurePolicy", "restartPolicy", "completions"):
+        assert emulated not in line, (emulated, line)

@@ -286,7 +286,7 @@ def test_the_not_emulated_line_names_every_field_it_does_not_apply_once():
     line = vertex.not_emulated(job)
     for field in ("scheduling.strategy=FLEX_START", "scheduling.maxWaitDuration=1800s", "jobSpec.enableWebAccess=true",
                   "jobSpec.persistentResourceId=my-cluster",
-                  "jobSpec.workerPoolSpecs[0,1,2,3].machineSpec={\"machineType\":\"n1-standard-4\"}"):
+                  "jobSpec.workerPoolSpecs[0,1,2,3].machineSpec.machineType=n1-standard-4"):
         assert field in line, (field, line)
     for emulated in ("timeout", "disableRetries", "imageUri", "replicaCount", "outputUriPrefix"):
         assert emulated not in line, (emulated, line)
