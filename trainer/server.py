@@ -108,8 +108,7 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     parser.add_argument("--model-dir", default=environ.get("AIP_STORAGE_URI"),
                         help="the exported SavedModel, local or gs:// (default: $AIP_STORAGE_URI)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (the image passes 0.0.0.0)")
-    parser.add_argument("--port", type=_positive(int), default=environ.get("AIP_HTTP_PORT", DEFAULT_PORT),
-                        help="(default: $AIP_HTTP_PORT)")
+    parser.add_argument("--port", default=environ.get("AIP_HTTP_PORT", str(DEFAULT_PORT)), help="(default: $AIP_HTTP_PORT)")
     parser.add_argument("--health-route", default=environ.get("AIP_HEALTH_ROUTE", DEFAULT_HEALTH_ROUTE),
                         help="(default: $AIP_HEALTH_ROUTE)")
     parser.add_argument("--predict-route", default=environ.get("AIP_PREDICT_ROUTE", DEFAULT_PREDICT_ROUTE),
@@ -138,7 +137,7 @@ def settings_from(argv: Sequence[str] | None, environ: Mapping[str, str] = os.en
     try:
         port = int(args.port)
     except ValueError:
-        raise ConfigError(f"AIP_HTTP_PORT is {args.port!r}, not a port number") from None
+        raise ConfigError(f"the port (--port, or AIP_HTTP_PORT) is {args.port!r}, not a number") from None
     if not 0 < port < 65536:
         raise ConfigError(f"port {port} is outside 1-65535")
     for name, route in (("health", args.health_route), ("predict", args.predict_route)):
