@@ -24,7 +24,8 @@ before it is read), the images in one request (--max-instances), the pixels one 
 to (--max-image-pixels, read from its header), the time a client may take to send a request head
 or a body or to stay idle (--client-timeout), and the connections served at once
 (--max-connections; more are answered 503). Connections are served by one event loop, so a slow
-or idle client holds up no other.
+or idle client holds up no other. A connection the server ends while its client may still be
+sending is closed lingering (_LingeringClose), so that the client reads its answer, not a reset.
 
 Logging follows the trainer's: progress on stdout, problems on stderr (which Cloud Logging shows as
 ERROR), so a healthy start writes nothing to stderr. Bad requests are the client's problem and are
@@ -242,19 +243,75 @@ def build_app(settings: Settings, state: _State):
                              Route(settings.predict_route, predict, methods=["POST"])])
 
 
-def _protocol_with_deadline():
-    """uvicorn's HTTP/1.1 protocol (h11), with the deadline it lacks: a connection must deliver a
-    whole request head within the keep-alive timeout (--client-timeout) of opening, or of its last
-    response. uvicorn closes a connection that stays silent after a response, but waits forever
-    for a first request, and for a head sent a byte at a time."""
+class _LingeringClose:
+    """The connection's transport, closed as careful HTTP servers close one (a "lingering close"):
+    when the server ends a connection whose client may still be sending (a body refused by its
+    length, a request that took too long), it first shuts down its own side, so that its answer
+    is sent whole, then reads and drops what the client still sends, for up to `seconds` or
+    `budget` bytes, and only then closes. Closing at once, with the client's bytes unread, makes
+    the kernel reset the connection, and the client can lose the answer it was about to read.
+    Everything else is the transport's own."""
+
+    def __init__(self, transport, loop, seconds: float, budget: int):
+        self._transport, self._loop = transport, loop
+        self._seconds, self._budget = seconds, budget
+        self._timer = None
+        self.lingering = False
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self.lingering or self._transport.is_closing():
+            return
+        if not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()  # after what is buffered: the answer goes out whole
+        self._transport.resume_reading()
+        self._timer = self._loop.call_later(self._seconds, self.abort_lingering)
+
+    def drop(self, size: int) -> None:
+        self._budget -= size
+        if self._budget < 0:
+            self.abort_lingering()
+
+    def abort_lingering(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._transport.close()
+
+
+def _protocol(max_request_bytes: int):
+    """uvicorn's HTTP/1.1 protocol (h11), with what it lacks for a server facing any client:
+    - a deadline for the request head: a connection must deliver a whole one within the keep-alive
+      timeout (--client-timeout) of opening, or of its last response (uvicorn closes a connection
+      that stays silent after a response, but waits forever for a first request, and for a head
+      sent a byte at a time);
+    - a lingering close (_LingeringClose)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class DeadlineProtocol(H11Protocol):
+    class Protocol(H11Protocol):
         _deadline = None
 
         def connection_made(self, transport):
-            super().connection_made(transport)
+            super().connection_made(_LingeringClose(transport, self.loop, self.timeout_keep_alive, max_request_bytes))
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self.transport.lingering:
+                self.transport.drop(len(data))
+                return
+            super().data_received(data)
+
+        def eof_received(self):
+            if self.transport.lingering:  # the client has sent all it will: done
+                self.transport.abort_lingering()
+            return super().eof_received()
 
         def on_response_complete(self):
             super().on_response_complete()
@@ -263,6 +320,8 @@ def _protocol_with_deadline():
         def connection_lost(self, exc):
             if self._deadline is not None:
                 self._deadline.cancel()
+            if self.transport.lingering:
+                self.transport.abort_lingering()
             super().connection_lost(exc)
 
         def _arm(self):
@@ -271,10 +330,10 @@ def _protocol_with_deadline():
             self._deadline = self.loop.call_later(self.timeout_keep_alive, self._expire)
 
         def _expire(self):
-            if self.cycle is None or self.cycle.response_complete:  # still no request head
-                self.transport.close()
+            if self.cycle is None or self.cycle.response_complete:  # still no request head: nothing to answer
+                self.transport.abort_lingering()
 
-    return DeadlineProtocol
+    return Protocol
 
 
 # uvicorn's warnings about what a client sent: the client's problem, not the server's, so not ERROR lines.
@@ -306,7 +365,7 @@ def serve(settings: Settings) -> int:
     state = _State()
     config = uvicorn.Config(
         build_app(settings, state), host=settings.host, port=settings.port, log_config=None, lifespan="off",
-        access_log=settings.access_log, http=_protocol_with_deadline(), timeout_keep_alive=settings.client_timeout,
+        access_log=settings.access_log, http=_protocol(settings.max_request_bytes), timeout_keep_alive=settings.client_timeout,
         limit_concurrency=settings.max_connections, timeout_graceful_shutdown=GRACE_SECONDS, server_header=False)
     server = uvicorn.Server(config)
     failure: list[str] = []

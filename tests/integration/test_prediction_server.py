@@ -208,14 +208,19 @@ BAD_REQUESTS = [
 ]
 
 
+def bad_body(name: str, body: bytes | None, good: list[bytes]) -> bytes:
+    """The body of one of BAD_REQUESTS, made of good photos where it needs them."""
+    if body is not None:
+        return body
+    return {"a truncated upload": lambda: request_body([good[0], good[1][:-300]]),
+            "an image the decoder refuses": lambda: request_body([good[0], good[1], corrupt_jpeg()]),
+            "too many instances": lambda: request_body([good[0]] * 9)}[name]()
+
+
 @pytest.mark.parametrize("name, body, headers, status, message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
 def test_a_bad_request_is_one_line_and_the_next_good_request_is_answered(served, name, body, headers, status, message):
     good = photos(3, seed=11)
-    if body is None:
-        body = {"a truncated upload": lambda: request_body([good[0], good[1][:-300]]),
-                "an image the decoder refuses": lambda: request_body([good[0], good[1], corrupt_jpeg()]),
-                "too many instances": lambda: request_body([good[0]] * 9)}[name]()
-    answered, answer = served.predict(body, headers)
+    answered, answer = served.predict(bad_body(name, body, good), headers)
     assert answered == status, answer
     assert list(answer) == ["error"] and answer["error"].startswith(message), answer
     assert "\n" not in answer["error"] and "Traceback" not in answer["error"]

@@ -1,0 +1,186 @@
+"""The prediction image, built, linted, structure-tested and deployed by the rehearsal
+(`scripts/deploy_model.py local`): the model exported here, read by the image from the local Cloud
+Storage at its gs:// URI, answering as trainer.predict does on the same bytes, refusing every bad
+request in one line and answering the next good one, starting with nothing on stderr, and leaving
+nothing behind. (tests/integration/test_prediction_server.py covers the server process in depth.)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+
+import pytest
+
+from containers import sh
+from helpers import REPO, clean_env, run_module
+from integration.test_prediction_server import (BAD_REQUESTS, HEALTH, PREDICT, Server, bad_body, photos, raw_connection,
+                                                request_body)
+
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+ARTIFACTS = "gs://serving-models/runs/1/model"
+LIMITS = ["--max-request-bytes", "300000", "--max-instances", "8", "--max-image-pixels", "4000000", "--client-timeout", "2"]
+PREFIX = "vertex-endpoint-local-"
+
+
+def test_the_prediction_dockerfile_passes_hadolint():
+    result = sh("hadolint", "--config", ".hadolint.yaml", "images/serving/Dockerfile", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_prediction_image_passes_its_structure_tests(engine, serving_image):
+    _, env = engine
+    sh("scripts/images.sh", "test", "serving", env={**env, "TAG": "test"})
+    with open(os.path.join(env["IMAGES_WORK"], "structure-serving.json")) as report_file:
+        report = json.load(report_file)
+    assert report["Fail"] == 0 and report["Pass"] >= 10, report
+    assert any(r["Name"].startswith("Command Test") for r in report["Results"])
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    """A tiny model (the small architecture, 48 px), trained and exported once on this machine."""
+    root = tmp_path_factory.mktemp("serving-image")
+    result = run_module("trainer.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+                        "--image-size", "48", "--architecture", "small", "--weights", "none",
+                        "--per-replica-batch-size", "4", "--data-dir", str(root / "data"), "--model-dir", str(root / "model"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "model"
+
+
+def user_env() -> dict:
+    """A user's shell: none of the engine's settings, which the rehearsal finds itself."""
+    return {k: v for k, v in clean_env().items() if not k.startswith("CONTAINERS_")}
+
+
+def rehearsal(engine, image: str, export, *options: str) -> list[str]:
+    tool, _ = engine
+    return [PYTHON, "scripts/deploy_model.py", "local", "--engine", tool, "--image-uri", image,
+            "--artifact-uri", ARTIFACTS, "--stage", f"{export}={ARTIFACTS}", "--predict-route", PREDICT,
+            "--health-route", HEALTH, *options]
+
+
+def lines(output: str, source: str, severity: str | None = None) -> list[str]:
+    found = []
+    for line in output.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] == source and severity in (None, parts[1]):
+            found.append(parts[2])
+    return found
+
+
+def storage_servers() -> set[str]:
+    """The fake-gcs-server processes on this machine (other sessions' among them), by PID."""
+    listing = sh("ps", "-eo", "pid=,args=").stdout.splitlines()
+    return {line.split(None, 1)[0] for line in listing if "fake-gcs-server" in line}
+
+
+def leftovers(engine, servers_before: set[str]) -> list[str]:
+    """What a rehearsal left: its containers, networks and scratch directories (they hold the TLS
+    key), and the Cloud Storage server it started."""
+    tool, env = engine
+    containers = sh(tool, "ps", "-a", "--format", "{{.Names}}", env=env).stdout.split()
+    networks = sh(tool, "network", "ls", "--format", "{{.Name}}", env=env).stdout.split()
+    left = [name for name in containers + networks if name.startswith(PREFIX)]
+    left += [f"process {pid} (fake-gcs-server)" for pid in sorted(storage_servers() - servers_before)]
+    return left + [f"directory {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*"))]
+
+
+def test_a_request_made_by_trainer_predict_is_answered_as_trainer_predict_answers(engine, serving_image, export, tmp_path):
+    images = photos(4, seed=21)
+    paths = []
+    for index, image in enumerate(images):
+        paths.append(str(tmp_path / f"leaf-{index}.{'png' if index == 3 else 'jpg'}"))
+        open(paths[-1], "wb").write(image)
+    made = run_module("trainer.predict", str(export), *paths, "--vertex-request")
+    assert made.returncode == 0, made.stderr[-2000:]
+    (tmp_path / "request.json").write_text(made.stdout)
+    servers = storage_servers()
+    result = subprocess.run(rehearsal(engine, serving_image, export, "--request", str(tmp_path / "request.json")),
+                            cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
+    printed = run_module("trainer.predict", str(export), *paths)
+    rows = [line.split("\t") for line in printed.stdout.splitlines()]
+    assert [p["class_name"] for p in answer] == [row[1] for row in rows]
+    assert all(abs(max(p["probabilities"]) - float(row[2])) <= 6e-5 for p, row in zip(answer, rows))
+    expected = served_here(export, paths)
+    assert all(abs(a - b) <= 1e-5 for p, e in zip(answer, expected) for a, b in zip(p["probabilities"], e)), (answer, expected)
+    # The model was read from Vertex's copy of the artifacts at its gs:// URI; a healthy start
+    # wrote nothing to stderr (Cloud Logging's ERROR); the container stopped cleanly on SIGTERM.
+    model = lines(result.stdout, "model")
+    assert any(re.search(r"trainer: model loaded from gs://caip-tenant-local-artifacts/\S+ in ", line) for line in model), model
+    assert lines(result.stdout, "model", "ERROR") == [], result.stdout[-3000:]
+    assert lines(result.stdout, "local-endpoint")[-1].endswith("with exit code 0"), result.stdout[-2000:]
+    assert result.stderr == ""
+    assert leftovers(engine, servers) == []
+
+
+def served_here(export, paths) -> list[list[float]]:
+    """The export's serving_default on the same files, in this machine's TensorFlow."""
+    script = ("import json, sys, trainer, tensorflow as tf\n"
+              "signature = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+              "images = [open(p, 'rb').read() for p in sys.argv[2:]]\n"
+              "print(json.dumps(signature(image_bytes=tf.constant(images))['probabilities'].numpy().tolist()))\n")
+    result = subprocess.run([PYTHON, "-c", script, str(export), *paths], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_every_bad_request_is_one_line_and_the_next_good_one_is_answered_in_the_image(engine, serving_image, export):
+    servers = storage_servers()
+    process = subprocess.Popen(rehearsal(engine, serving_image, export, "--", *LIMITS), cwd=REPO, env=user_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in process.stdout:
+            seen.append(line)
+            if re.match(r"local-endpoint INFO ready: http://127\.0\.0\.1:\d+/", line):
+                ready.set()
+        ready.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(600) and process.poll() is None, "".join(seen)[-4000:] + (process.stderr.read() if process.poll() is not None else "")
+        port = int(re.search(r"ready: http://127\.0\.0\.1:(\d+)/", "".join(seen)).group(1))
+        server = Server(process, port)
+        good = photos(3, seed=11)
+        for name, body, headers, status, message in BAD_REQUESTS:
+            answered, answer = server.predict(bad_body(name, body, good), headers)
+            assert answered == status and answer["error"].startswith(message), (name, answer)
+            assert "Traceback" not in answer["error"] and "\n" not in answer["error"]
+            after, predictions = server.predict(request_body(good))
+            assert after == 200 and len(predictions["predictions"]) == 3, (name, predictions)
+        # An idle client holds up no one, and a body over the limit is refused by its length alone.
+        idle = raw_connection(server)
+        oversized = raw_connection(server)
+        oversized.sendall(b"POST " + PREDICT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n{")
+        assert oversized.recv(65536).startswith(b"HTTP/1.1 413 ")
+        assert server.predict(request_body(good[:1]))[0] == 200
+        idle.close(), oversized.close()
+        # Published on this machine's loopback only.
+        assert re.search(rf"on 127\.0\.0\.1:{port} ", "".join(seen))
+        process.send_signal(signal.SIGTERM)  # a user's Ctrl-C or kill: the model is undeployed
+        process.wait(timeout=300)
+    finally:
+        if process.poll() is None:  # a failed assertion: the rehearsal still cleans up after itself
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        reader.join(timeout=30)
+    err = process.stderr.read()
+    output = "".join(seen)
+    assert process.returncode == 130, output[-3000:] + err[-2000:]
+    assert lines(output, "local-endpoint")[-1].endswith("with exit code 0"), output[-2000:]
+    assert leftovers(engine, servers) == []
