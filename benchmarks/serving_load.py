@@ -10,8 +10,8 @@ each send Vertex AI requests of one generated 600x450 JPEG (`--instances` per re
 back, for `--seconds` at each concurrency; requests/s, images/s and the p50 and p99 latency are
 printed for each, and their ratio over the ceiling: `trainer.predict`'s rate on the same images,
 batches of 32 through the same signature in this process, with no HTTP, no JSON and no base64.
-The ceiling is measured before the load and again after the soak, and their mean is used, so
-that drift on a shared machine shows.
+Each level runs between two measurements of the ceiling, and its ratio is over their mean: on a
+shared machine, the load of the moment shifts both alike.
 
 Then a soak: `--soak-seconds` at the highest concurrency, sampling the server's resident memory
 every second. It passes when no request failed and the memory at its end is no more than
@@ -31,6 +31,7 @@ import http.client
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -69,17 +70,22 @@ def photos(count: int) -> list[bytes]:
     return [tf.io.encode_jpeg(synthetic.make_image(rng, i % 5, size=(450, 600)), quality=90).numpy() for i in range(count)]
 
 
-def ceiling(model_dir: str, images: list[bytes], seconds: float) -> float:
-    """trainer.predict's images/s: classify() over the images, again and again, for `seconds`."""
-    from trainer import predict
+class Ceiling:
+    """trainer.predict's images/s in this process: classify() over the images, again and again."""
 
-    signature = predict.load_signature(model_dir)
-    paths = [f"image-{i}.jpg" for i in range(len(images))]
-    predict.classify(signature, paths[:predict.BATCH], images[:predict.BATCH])  # the first call traces
-    done, started = 0, time.monotonic()
-    while time.monotonic() - started < seconds:
-        done += len(predict.classify(signature, paths, images))
-    return done / (time.monotonic() - started)
+    def __init__(self, model_dir: str, images: list[bytes]):
+        from trainer import predict
+
+        self.predict, self.images = predict, images
+        self.signature = predict.load_signature(model_dir)
+        self.paths = [f"image-{i}.jpg" for i in range(len(images))]
+        predict.classify(self.signature, self.paths[:predict.BATCH], images[:predict.BATCH])  # the first call traces
+
+    def measure(self, seconds: float) -> float:
+        done, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            done += len(self.predict.classify(self.signature, self.paths, self.images))
+        return done / (time.monotonic() - started)
 
 
 def free_port() -> int:
@@ -195,8 +201,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"machine: {cpu_model()}", flush=True)
-    scratch = tempfile.TemporaryDirectory(prefix="serving-load-")
-    model_dir = export_model(scratch.name, args.architecture, args.image_size)
+    # A kill ends the run through its cleanup: the server stopped, the scratch directory removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="serving-load-") as scratch:
+        return measure(args, argv, levels, scratch)
+
+
+def measure(args, argv, levels: list[int], scratch: str) -> int:
+    model_dir = export_model(scratch, args.architecture, args.image_size)
     images = photos(args.images)
     bodies = [json.dumps({"instances": [{"image_bytes": {"b64": base64.b64encode(images[(i + k) % len(images)]).decode()}}
                                         for k in range(args.instances)]}).encode() for i in range(len(images))]
@@ -204,19 +216,25 @@ def main(argv=None) -> int:
 
     print(f"model: {args.architecture}, {args.image_size} px, TensorFlow {tf.__version__}; requests of {args.instances} "
           f"generated 600x450 JPEG(s), {sum(map(len, images)) / len(images) / 1e3:.0f} KB each", flush=True)
-    before = ceiling(model_dir, images, args.seconds)
-    print(f"ceiling (trainer.predict in-process, batches of 32), before the load: {before:.2f} images/s", flush=True)
+    ceiling = Ceiling(model_dir, images)
     port = free_port()
-    server = start_server(model_dir, port, os.path.join(scratch.name, "server.log"))
+    server = start_server(model_dir, port, os.path.join(scratch, "server.log"))
     load = Load(port, bodies, args.instances)
     try:
         load.run(levels[0], min(args.seconds, 3))  # warm the connections and the server's first calls
+        # Each level between two measurements of the ceiling: on a shared machine the load of the
+        # moment shifts both alike, and each ratio is taken against the ceiling around it.
+        ceilings = [ceiling.measure(args.seconds)]
+        print(f"ceiling (trainer.predict in-process, batches of 32): {ceilings[-1]:.2f} images/s", flush=True)
         results = []
         for concurrency in levels:
             results.append(load.run(concurrency, args.seconds))
+            ceilings.append(ceiling.measure(args.seconds))
             r = results[-1]
+            r["ceiling"] = (ceilings[-2] + ceilings[-1]) / 2
             print(f"concurrency {concurrency}: {r['requests_per_s']:.2f} requests/s, {r['images_per_s']:.2f} images/s, "
                   f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {len(r['errors'])} errors", flush=True)
+            print(f"ceiling (trainer.predict in-process, batches of 32): {ceilings[-1]:.2f} images/s", flush=True)
         samples: list[tuple[float, int]] = []
         last = [-1.0]
 
@@ -232,20 +250,17 @@ def main(argv=None) -> int:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    after = ceiling(model_dir, images, args.seconds)
-    print(f"ceiling, after the soak: {after:.2f} images/s", flush=True)
-    best = (before + after) / 2
     settled = [rss for elapsed, rss in samples if elapsed >= args.soak_seconds / 10] or [samples[-1][1]]
     growth_mb = (samples[-1][1] - settled[0]) / 2**20
     soak_ok = not soak["errors"] and growth_mb <= args.rss_growth_mb
-    table = ["| load | requests/s | images/s | p50 ms | p99 ms | errors | over the ceiling |", "|---|---|---|---|---|---|---|",
-             f"| ceiling: trainer.predict in-process, batches of 32 (mean of before {before:.2f} and after {after:.2f}) "
-             f"| | {best:.2f} | | | | x1.00 |"]
+    table = ["| load | requests/s | images/s | p50 ms | p99 ms | errors | ceiling around it, images/s | over the ceiling |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         table.append(f"| server, concurrency {r['concurrency']} | {r['requests_per_s']:.2f} | {r['images_per_s']:.2f} | "
-                     f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {len(r['errors'])} | x{r['images_per_s'] / best:.2f} |")
+                     f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {len(r['errors'])} | {r['ceiling']:.2f} | "
+                     f"x{r['images_per_s'] / r['ceiling']:.2f} |")
     for r in results:
-        print(f"server at concurrency {r['concurrency']}: x{r['images_per_s'] / best:.2f} the ceiling")
+        print(f"server at concurrency {r['concurrency']}: x{r['images_per_s'] / r['ceiling']:.2f} the ceiling around it")
     soak_line = (f"Soak: {args.soak_seconds:.0f} s at concurrency {max(levels)}: {soak['requests']} requests, "
                  f"{len(soak['errors'])} errors, {soak['images_per_s']:.2f} images/s, p99 {soak['p99_ms']:.0f} ms; "
                  f"server memory {settled[0] / 2**20:.0f} MB after the first tenth, {samples[-1][1] / 2**20:.0f} MB at "
@@ -253,17 +268,19 @@ def main(argv=None) -> int:
     if soak["errors"]:
         soak_line += f" First error: {soak['errors'][0]}"
     print(soak_line)
-    summary = "summary: " + " ".join(f"c{r['concurrency']}_over_ceiling={r['images_per_s'] / best:.2f}" for r in results) + \
+    summary = "summary: " + " ".join(f"c{r['concurrency']}_over_ceiling={r['images_per_s'] / r['ceiling']:.2f}"
+                                     for r in results) + \
         f" soak_errors={len(soak['errors'])} soak_rss_growth_mb={growth_mb:.1f}"
     if args.results_dir:
         body = (f"{args.architecture} at {args.image_size} px (random weights), TensorFlow {tf.__version__}; each request "
-                f"{args.instances} generated 600x450 JPEG(s); {args.seconds:g} s per row. Clients and server share this "
+                f"{args.instances} generated 600x450 JPEG(s); {args.seconds:g} s per row, each between two "
+                f"{args.seconds:g} s measurements of the ceiling (trainer.predict in-process, batches of 32, on the same "
+                f"images: {', '.join(f'{c:.2f}' for c in ceilings)} images/s in order). Clients and server share this "
                 f"machine's {os.cpu_count()} CPUs.\n\n" + "\n".join(table) + f"\n\n{soak_line}\n\n`{summary}`")
         path = write_results("serving_load", command_line("serving_load.py", argv), datetime.date.today().isoformat(),
                              body, args.results_dir)
         print(f"results: {path}", flush=True)
     print(summary)
-    scratch.cleanup()
     return 0 if soak_ok and not any(r["errors"] for r in results) else 1
 
 

@@ -92,22 +92,50 @@ def leftovers(engine, servers_before: set[str]) -> list[str]:
     return left + [f"directory {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*"))]
 
 
-def test_a_request_made_by_trainer_predict_is_answered_as_trainer_predict_answers(engine, serving_image, export, tmp_path):
-    images = photos(4, seed=21)
-    paths = []
-    for index, image in enumerate(images):
-        paths.append(str(tmp_path / f"leaf-{index}.{'png' if index == 3 else 'jpg'}"))
-        open(paths[-1], "wb").write(image)
-    made = run_module("trainer.predict", str(export), *paths, "--vertex-request")
-    assert made.returncode == 0, made.stderr[-2000:]
-    (tmp_path / "request.json").write_text(made.stdout)
+MARKER = "<!-- tested as written: tests/container/test_serving_image.py -->"
+
+
+def serving_md_block() -> str:
+    """docs/serving.md's rehearsal: a request made by trainer.predict, answered by the deployed image."""
+    text = (REPO / "docs" / "serving.md").read_text()
+    assert MARKER in text, "docs/serving.md no longer marks its rehearsal"
+    block = re.match(r"\s*```[a-z]*\n(.*?)```", text.split(MARKER, 1)[1], re.S)
+    assert block, "the marker must come right before a fenced block"
+    return block.group(1)
+
+
+def test_the_docs_rehearsal_answers_trainer_predicts_request_as_trainer_predict_does(engine, serving_image, export,
+                                                                                      tmp_path):
+    """Run as written in a user's shell, in a copy of the project's layout with the model where
+    run_local.sh puts it, the images the command names beside it, and the tests' prediction image
+    under the tag the command names (whatever held that tag gets it back)."""
+    command = serving_md_block()
+    image = re.search(r"--image-uri (localhost/\S+)", command).group(1)
+    for name in ("scripts", "trainer", ".venv"):
+        (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / "model").symlink_to(export)
+    files = re.findall(r"\b(\S+\.(?:jpg|png))\b", command.split("\n")[0])
+    for name, content in zip(files, photos(len(files), seed=21)):
+        (tmp_path / name).write_bytes(content)
+    tool, env = engine
+    previous = sh(tool, "image", "inspect", "--format", "{{.Id}}", image, env=env, check=False)
+    sh(tool, "tag", serving_image, image, env=env)
     servers = storage_servers()
-    result = subprocess.run(rehearsal(engine, serving_image, export, "--request", str(tmp_path / "request.json")),
-                            cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900)
+    try:
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, env=user_env(),
+                                capture_output=True, text=True, timeout=900)
+    finally:
+        if previous.returncode == 0:
+            sh(tool, "tag", previous.stdout.strip(), image, env=env)
+        else:
+            sh(tool, "rmi", image, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
+    paths = [str(tmp_path / name) for name in files]
     printed = run_module("trainer.predict", str(export), *paths)
     rows = [line.split("\t") for line in printed.stdout.splitlines()]
+    assert len(answer) == len(rows) == len(files)
     assert [p["class_name"] for p in answer] == [row[1] for row in rows]
     assert all(abs(max(p["probabilities"]) - float(row[2])) <= 6e-5 for p, row in zip(answer, rows))
     expected = served_here(export, paths)
@@ -118,7 +146,7 @@ def test_a_request_made_by_trainer_predict_is_answered_as_trainer_predict_answer
     assert any(re.search(r"trainer: model loaded from gs://caip-tenant-local-artifacts/\S+ in ", line) for line in model), model
     assert lines(result.stdout, "model", "ERROR") == [], result.stdout[-3000:]
     assert lines(result.stdout, "local-endpoint")[-1].endswith("with exit code 0"), result.stdout[-2000:]
-    assert result.stderr == ""
+    assert not [line for line in result.stderr.splitlines() if "deploy_model" in line or "Traceback" in line], result.stderr
     assert leftovers(engine, servers) == []
 
 
