@@ -51,6 +51,8 @@ def parse(body: bytes, limits: Limits) -> list[bytes]:
         raise BadRequest("request body is not JSON: it is not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise BadRequest(f"request body is not JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest("request body is not JSON this server reads: it is nested too deeply") from None
     if not isinstance(request, dict):
         raise BadRequest(f"request body is {_kind(request)}; expected {SHAPE}")
     if "instances" not in request:
@@ -74,7 +76,8 @@ def _image(index: int, instance, limits: Limits) -> bytes:
         raise BadRequest(f"{where} is not {{\"image_bytes\": {{\"b64\": \"...\"}}}} (got {_kind(instance)}"
                          f"{' with keys ' + ', '.join(sorted(map(str, instance))) if isinstance(instance, dict) else ''})")
     try:
-        image = base64.b64decode(text, validate=True)
+        # Line breaks are allowed: `base64 FILE` wraps its output at 76 characters.
+        image = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
         raise BadRequest(f"{where}.image_bytes.b64 is not base64") from None
     size = pixels(image)

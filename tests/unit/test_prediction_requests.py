@@ -84,6 +84,16 @@ def test_each_bad_request_is_one_line_naming_what_is_wrong(raw, message):
     assert "\n" not in str(raised.value)
 
 
+def test_wrapped_base64_is_read_and_a_deeply_nested_body_is_one_line():
+    image = png(64, 64)
+    wrapped = base64.encodebytes(image).decode()  # 76 characters a line, as `base64 FILE` prints
+    assert wrapped.count("\n") >= 2
+    assert instances.parse(json.dumps({"instances": [{"image_bytes": {"b64": wrapped}}]}).encode(), LIMITS) == [image]
+    with pytest.raises(instances.BadRequest) as raised:
+        instances.parse(b"[" * 100_000 + b"]" * 100_000, LIMITS)
+    assert str(raised.value) == "request body is not JSON this server reads: it is nested too deeply"
+
+
 def test_the_limits_name_the_flag_that_sets_them():
     with pytest.raises(instances.BadRequest, match=r'"instances" holds 5 images; this server takes at most 4 per request \(--max-instances\)'):
         instances.parse(body(*[png(2, 2)] * 5), LIMITS)
