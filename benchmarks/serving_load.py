@@ -94,12 +94,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(model_dir: str, port: int, log_path: str) -> subprocess.Popen:
+def start_server(model_dir: str, port: int, log_path: str, max_batch: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
     env["PYTHONPATH"] = REPO
     log = open(log_path, "w")
     server = subprocess.Popen([sys.executable, "-m", "trainer.server", "--model-dir", model_dir, "--port", str(port),
-                               "--health-route", HEALTH, "--predict-route", PREDICT, "--max-connections", "256"],
+                               "--health-route", HEALTH, "--predict-route", PREDICT, "--max-connections", "256",
+                               "--max-batch", str(max_batch)],
                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while True:
@@ -194,6 +195,7 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="1,8,32", help="clients at once, one level after another")
     parser.add_argument("--seconds", type=float, default=20, help="at each level, and for each ceiling measurement")
     parser.add_argument("--soak-seconds", type=float, default=60, help="at the highest concurrency")
+    parser.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
     parser.add_argument("--rss-growth-mb", type=float, default=64,
                         help="the most the server's memory may grow over the soak, after its first tenth")
     parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
@@ -217,8 +219,9 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
     print(f"model: {args.architecture}, {args.image_size} px, TensorFlow {tf.__version__}; requests of {args.instances} "
           f"generated 600x450 JPEG(s), {sum(map(len, images)) / len(images) / 1e3:.0f} KB each", flush=True)
     ceiling = Ceiling(model_dir, images)
+    load_before = os.getloadavg()[0]
     port = free_port()
-    server = start_server(model_dir, port, os.path.join(scratch, "server.log"))
+    server = start_server(model_dir, port, os.path.join(scratch, "server.log"), args.max_batch)
     load = Load(port, bodies, args.instances)
     try:
         load.run(levels[0], min(args.seconds, 3))  # warm the connections and the server's first calls
@@ -253,6 +256,10 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
     settled = [rss for elapsed, rss in samples if elapsed >= args.soak_seconds / 10] or [samples[-1][1]]
     growth_mb = (samples[-1][1] - settled[0]) / 2**20
     soak_ok = not soak["errors"] and growth_mb <= args.rss_growth_mb
+    # What else ran here: the 1-minute load average before the first measurement and after the last.
+    shared = (f"The machine's 1-minute load average was {load_before:.1f} before the first measurement and "
+              f"{os.getloadavg()[0]:.1f} after the last, on {os.cpu_count()} CPUs.")
+    print(shared)
     table = ["| load | requests/s | images/s | p50 ms | p99 ms | errors | ceiling around it, images/s | over the ceiling |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -276,7 +283,8 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
                 f"{args.instances} generated 600x450 JPEG(s); {args.seconds:g} s per row, each between two "
                 f"{args.seconds:g} s measurements of the ceiling (trainer.predict in-process, batches of 32, on the same "
                 f"images: {', '.join(f'{c:.2f}' for c in ceilings)} images/s in order). Clients and server share this "
-                f"machine's {os.cpu_count()} CPUs.\n\n" + "\n".join(table) + f"\n\n{soak_line}\n\n`{summary}`")
+                f"machine's {os.cpu_count()} CPUs; the server's --max-batch is {args.max_batch}. {shared}\n\n"
+                + "\n".join(table) + f"\n\n{soak_line}\n\n`{summary}`")
         path = write_results("serving_load", command_line("serving_load.py", argv), datetime.date.today().isoformat(),
                              body, args.results_dir)
         print(f"results: {path}", flush=True)

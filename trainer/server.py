@@ -60,8 +60,8 @@ DEFAULT_MAX_CONNECTIONS = 64
 # After SIGTERM, how long requests in progress may take; Kubernetes, which Vertex's prediction
 # nodes run on, kills a container 30 s after its SIGTERM by default.
 GRACE_SECONDS = 20
-# Requests answered through one call of the model (trainer.predict's batch).
-MAX_BATCH = 32
+# Images answered through one call of the model: trainer.predict's batch.
+DEFAULT_MAX_BATCH = 32
 
 log = logging.getLogger("trainer")
 
@@ -82,6 +82,7 @@ class Settings:
     max_image_pixels: int
     client_timeout: float
     max_connections: int
+    max_batch: int
     access_log: bool
 
 
@@ -125,6 +126,8 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
                         help="to send a request head, to send a body, or to keep an idle connection")
     limits.add_argument("--max-connections", type=_positive(int), default=DEFAULT_MAX_CONNECTIONS,
                         help="served at once; requests on more are answered 503")
+    parser.add_argument("--max-batch", type=_positive(int), default=DEFAULT_MAX_BATCH,
+                        help="images answered through one call of the model, from requests that arrive together")
     parser.add_argument("--access-log", action="store_true", help="log every request on stdout")
     return parser
 
@@ -147,7 +150,8 @@ def settings_from(argv: Sequence[str] | None, environ: Mapping[str, str] = os.en
     if args.health_route == args.predict_route:
         raise ConfigError(f"the health and predict routes are both {args.health_route!r}")
     return Settings(args.model_dir, args.host, port, args.health_route, args.predict_route, args.max_request_bytes,
-                    args.max_instances, args.max_image_pixels, args.client_timeout, args.max_connections, args.access_log)
+                    args.max_instances, args.max_image_pixels, args.client_timeout, args.max_connections, args.max_batch,
+                    args.access_log)
 
 
 # --- the application ------------------------------------------------------------------------------
@@ -373,7 +377,7 @@ def serve(settings: Settings) -> int:
     def load() -> None:
         started = time.monotonic()
         try:
-            state.predictor, classes = predictor_lib.load(settings.model_dir, MAX_BATCH)
+            state.predictor, classes = predictor_lib.load(settings.model_dir, settings.max_batch)
         except predict.PredictError as error:
             failure.append(str(error))
         except Exception as error:  # noqa: BLE001  (whatever stops the load ends the server, in one line)

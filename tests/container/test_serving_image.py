@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from containers import sh
-from helpers import REPO, clean_env, run_module
+from helpers import BUDGETS, REPO, clean_env, run_module
 from integration.test_prediction_server import (BAD_REQUESTS, HEALTH, PREDICT, Server, bad_body, photos, raw_connection,
                                                 request_body)
 
@@ -41,6 +41,24 @@ def test_the_prediction_image_passes_its_structure_tests(engine, serving_image):
         report = json.load(report_file)
     assert report["Fail"] == 0 and report["Pass"] >= 10, report
     assert any(r["Name"].startswith("Command Test") for r in report["Results"])
+
+
+def test_the_prediction_image_is_the_cpu_images_base_and_tensorflow_layers_and_little_more(engine, base_image, cpu_image,
+                                                                                            serving_image):
+    """The same layers, not merely the same lock: a node that has pulled the CPU image pulls only
+    the server's few megabytes."""
+    tool, env = engine
+
+    def inspect(image: str, field: str):
+        return json.loads(sh(tool, "image", "inspect", "--format", f"{{{{json {field}}}}}", image, env=env).stdout)
+
+    base, cpu, serving = (inspect(image, ".RootFS.Layers") for image in (base_image, cpu_image, serving_image))
+    shared = len(base) + 2  # the base, the lock file, and the layer it installs
+    assert serving[:shared] == cpu[:shared] and len(serving) > shared, (cpu, serving)
+    extra = inspect(serving_image, ".Size") - inspect(cpu_image, ".Size")
+    BUDGETS.append(f"prediction image: {inspect(serving_image, '.Size') / 1e9:.2f} GB uncompressed, "
+                   f"{extra / 1e6:+.1f} MB against the CPU image")
+    assert extra < 50e6, extra
 
 
 @pytest.fixture(scope="module")

@@ -336,3 +336,56 @@ def test_a_model_uri_without_an_export_ends_the_server_with_one_line(gcs, tmp_pa
     assert server.process.returncode == 1, out + err
     assert err.splitlines() == ["python -m trainer.server: error: gs://no-models/nothing/here: no saved_model.pb there "
                                 "(the --model-dir of a finished training job)"], err
+
+
+class FakeSignature:
+    """A serving_default stand-in that records each call's batch, can hold the first call until
+    released, and refuses any batch holding b"bad" as the model's decoder would."""
+
+    def __init__(self, hold_first: bool):
+        self.batches: list[list[bytes]] = []
+        self.release = threading.Event()
+        if not hold_first:
+            self.release.set()
+
+    def __call__(self, image_bytes):
+        import tensorflow as tf
+
+        images = [bytes(image) for image in image_bytes.numpy()]
+        self.batches.append(images)
+        if len(self.batches) == 1:
+            self.release.wait(60)
+        if b"bad" in images:
+            raise tf.errors.InvalidArgumentError(None, None, "Invalid JPEG data")
+        probabilities = tf.one_hot([len(image) % 5 for image in images], 5)
+        return {"probabilities": probabilities, "class_index": tf.argmax(probabilities, axis=-1, output_type=tf.int64),
+                "class_name": tf.constant([f"class-{len(image) % 5}" for image in images])}
+
+
+def test_requests_that_arrive_together_share_one_call_of_the_model_and_a_bad_image_fails_only_its_request():
+    from trainer import predictor as predictor_lib
+
+    signature = FakeSignature(hold_first=True)
+    predictor = predictor_lib.Predictor(signature, max_batch=4)
+    try:
+        first = predictor.submit([b"a"])
+        while not signature.batches:  # the model is busy with the first request
+            time.sleep(0.01)
+        waiting = [predictor.submit([b"bb"]), predictor.submit([b"ccc", b"bad"]), predictor.submit([b"dddd"]),
+                   predictor.submit([b"eeeee", b"ffffff"])]
+        signature.release.set()
+        assert [p["class_name"] for p in first.result(60)] == ["class-1"]
+        assert [p["class_name"] for p in waiting[0].result(60)] == ["class-2"]
+        with pytest.raises(predictor_lib.UndecodableImage) as raised:
+            waiting[1].result(60)
+        assert raised.value.index == 1
+        assert [p["class_name"] for p in waiting[2].result(60)] == ["class-4"]
+        assert [p["class_index"] for p in waiting[3].result(60)] == [0, 1]
+    finally:
+        predictor.close()
+    # The three requests that waited (four images) went in one call, which the bad image spoiled;
+    # it was answered again request by request, then image by image; the last request, which would
+    # not fit in that call, had a call of its own.
+    assert signature.batches[1] == [b"bb", b"ccc", b"bad", b"dddd"]
+    assert [b"eeeee", b"ffffff"] in signature.batches and [b"ccc"] in signature.batches and [b"bad"] in signature.batches
+    assert not predictor.alive()
