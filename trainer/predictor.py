@@ -8,6 +8,13 @@ one call per request would not (benchmarks/serving_load.py measures both). A lon
 answered at once; nothing waits for a batch to fill. One thread calls the model, so at most one
 batch of images is decoded at a time, whatever the number of clients.
 
+Each call's batch is padded, with copies of its last image, to a power of two (or max_batch), so
+that at most a handful of batch shapes ever reach the model: TensorFlow and oneDNN set up and keep
+buffers for each new shape. Fed every size from 1 to 32, a ResNet50 server at concurrency 32 grew
+by 255 MB in three minutes and was still growing; with padded batches it grew for 80 s and then
+not at all for the next 100 s (2-core AMD EPYC family 25 model 17). The copies cost compute: a
+batch of 17 images runs as one of 32.
+
 An image the model's decoder refuses spoils the call it is in: the batch is answered again one
 request, then one image, at a time, so that only the request that sent it fails, naming it.
 """
@@ -126,13 +133,19 @@ class Predictor:
 
         from trainer import serving
 
-        outputs = self.signature(**{serving.BYTES_INPUT: tf.constant(images)})
+        padded = images + images[-1:] * (padded_size(len(images), self.max_batch) - len(images))
+        outputs = self.signature(**{serving.BYTES_INPUT: tf.constant(padded)})
         self.batches += 1
         names = outputs["class_name"].numpy()
         indices = outputs["class_index"].numpy()
         probabilities = outputs["probabilities"].numpy()
         return [{"class_name": names[i].decode(), "class_index": int(indices[i]),
                  "probabilities": probabilities[i].tolist()} for i in range(len(images))]
+
+
+def padded_size(size: int, max_batch: int) -> int:
+    """The batch shape `size` images are sent in: the next power of two, at most max_batch."""
+    return min(1 << (size - 1).bit_length(), max_batch) if size <= max_batch else size
 
 
 def load(model_dir: str, max_batch: int) -> tuple[Predictor, int]:

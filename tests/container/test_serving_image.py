@@ -25,7 +25,7 @@ from integration.test_prediction_server import (BAD_REQUESTS, HEALTH, PREDICT, S
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 ARTIFACTS = "gs://serving-models/runs/1/model"
-LIMITS = ["--max-request-bytes", "300000", "--max-instances", "8", "--max-image-pixels", "4000000", "--client-timeout", "2"]
+LIMITS = ["--max-request-bytes", "300000", "--max-instances", "8", "--max-image-pixels", "4000000", "--client-timeout", "4"]
 PREFIX = "vertex-endpoint-local-"
 
 

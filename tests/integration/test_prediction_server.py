@@ -29,7 +29,7 @@ from helpers import REPO, clean_env, run_module
 HEALTH = "/v1/endpoints/1234/deployedModels/5678"  # the routes Vertex AI sets by default
 PREDICT = HEALTH + ":predict"
 LIMITS = ["--max-request-bytes", "300000", "--max-instances", "8", "--max-image-pixels", "4000000",
-          "--client-timeout", "2"]
+          "--client-timeout", "4"]
 
 
 def photos(count: int, seed: int = 3) -> list[bytes]:
@@ -251,6 +251,7 @@ def closed_by_server(connection: socket.socket) -> bool:
 
 
 def test_idle_and_slow_clients_hold_up_no_one_and_are_closed_after_the_client_timeout(served):
+    good = request_body(photos(1))  # made first: the three below must still be within their timeout
     idle = raw_connection(served)  # connects, sends nothing
     trickling = raw_connection(served)  # a request head a few bytes at a time, never finished
     trickling.sendall(b"POST " + PREDICT.encode() + b" HTTP/1.1\r\nHost: x\r\n")
@@ -266,7 +267,7 @@ def test_idle_and_slow_clients_hold_up_no_one_and_are_closed_after_the_client_ti
                 return
     threading.Thread(target=trickle, daemon=True).start()
     try:
-        status, answer = served.predict(request_body(photos(1)))
+        status, answer = served.predict(good)
         assert status == 200, answer  # answered while the three are still there
         for connection in (idle, trickling, slow_body):
             connection.setblocking(False)
@@ -313,9 +314,11 @@ def test_health_answers_503_until_the_model_is_loaded_and_sigterm_drains_the_req
         connection = raw_connection(server)
         connection.sendall(b"POST " + PREDICT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
                            + body[:100])
-        time.sleep(0.5)  # the head is in; the server has begun the request
+        # Nothing outside the server shows the moment it has read a request head (it answers
+        # only once the body is in); a second is far more than the event loop takes.
+        time.sleep(1)
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        time.sleep(1)  # the server is shutting down while the body is still coming
         connection.sendall(body[100:])
         connection.settimeout(60)
         answer = connection.recv(65536)
@@ -389,3 +392,18 @@ def test_requests_that_arrive_together_share_one_call_of_the_model_and_a_bad_ima
     assert signature.batches[1] == [b"bb", b"ccc", b"bad", b"dddd"]
     assert [b"eeeee", b"ffffff"] in signature.batches and [b"ccc"] in signature.batches and [b"bad"] in signature.batches
     assert not predictor.alive()
+
+
+def test_a_batch_reaches_the_model_padded_to_one_of_a_few_shapes_and_answers_only_its_images():
+    from trainer import predictor as predictor_lib
+
+    signature = FakeSignature(hold_first=False)
+    predictor = predictor_lib.Predictor(signature, max_batch=6)
+    try:
+        answers = [predictor.submit(images).result(60) for images in ([b"a", b"bb", b"ccc"], [b"a"] * 5, [b"a"] * 6)]
+    finally:
+        predictor.close()
+    assert [len(batch) for batch in signature.batches] == [4, 6, 6]  # powers of two, at most max_batch
+    assert signature.batches[0] == [b"a", b"bb", b"ccc", b"ccc"]
+    assert [len(answer) for answer in answers] == [3, 5, 6]
+    assert [p["class_name"] for p in answers[0]] == ["class-1", "class-2", "class-3"]
