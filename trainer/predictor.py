@@ -2,11 +2,11 @@
 plain values.
 
 Requests that arrive together are answered by one call of the SavedModel's `serving_default`, up
-to `max_batch` images (trainer.predict's batch): one call of 32 images costs far less than 32
-calls of one, and a server under load then runs at close to trainer.predict's batch rate, where
-one call per request would not (benchmarks/serving_load.py measures both). A lone request is
-answered at once; nothing waits for a batch to fill. One thread calls the model, so at most one
-batch of images is decoded at a time, whatever the number of clients.
+to `max_batch` images (trainer.predict's batch), as trainer.predict answers a list of files: where
+a larger batch uses the machine better (many cores, a small model, an accelerator), a server under
+load then runs at trainer.predict's batch rate (benchmarks/serving_load.py measures both). A lone
+request is answered at once; nothing waits for a batch to fill. One thread calls the model, so at
+most one batch of images is decoded at a time, whatever the number of clients.
 
 Each call's batch is padded, with copies of its last image, to a power of two (or max_batch), so
 that at most a handful of batch shapes ever reach the model: TensorFlow and oneDNN set up and keep
