@@ -108,13 +108,13 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     parser = _Parser(prog="python -m trainer.server", description=__doc__.split("\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-dir", default=environ.get("AIP_STORAGE_URI"),
-                        help="the exported SavedModel, local or gs:// (default: $AIP_STORAGE_URI)")
+                        help="the exported SavedModel, local or gs://; AIP_STORAGE_URI when it is set")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (the image passes 0.0.0.0)")
-    parser.add_argument("--port", default=environ.get("AIP_HTTP_PORT", str(DEFAULT_PORT)), help="(default: $AIP_HTTP_PORT)")
+    parser.add_argument("--port", default=environ.get("AIP_HTTP_PORT", str(DEFAULT_PORT)), help="AIP_HTTP_PORT when it is set")
     parser.add_argument("--health-route", default=environ.get("AIP_HEALTH_ROUTE", DEFAULT_HEALTH_ROUTE),
-                        help="(default: $AIP_HEALTH_ROUTE)")
+                        help="AIP_HEALTH_ROUTE when it is set")
     parser.add_argument("--predict-route", default=environ.get("AIP_PREDICT_ROUTE", DEFAULT_PREDICT_ROUTE),
-                        help="(default: $AIP_PREDICT_ROUTE)")
+                        help="AIP_PREDICT_ROUTE when it is set")
     limits = parser.add_argument_group("limits on what one client can make the server hold")
     limits.add_argument("--max-request-bytes", type=_positive(int), default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger bodies are answered 413 without being read")
