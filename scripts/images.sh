@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds, structure-tests and pushes the training images. The same steps run on a laptop with
-# Docker and on daemonless CI machines (podman/buildah); Cloud Build runs them from cloudbuild.yaml.
+# Builds, structure-tests and pushes the training images and the prediction image. The same steps
+# run on a laptop with Docker and on daemonless CI machines (podman/buildah); Cloud Build runs them
+# from cloudbuild.yaml.
 #
-#   scripts/images.sh build cpu|gpu        build localhost/cassava-trainer-{cpu,gpu}:$TAG
-#   scripts/images.sh test cpu|gpu         container-structure-test with images/{cpu,gpu}/structure.yaml
-#   scripts/images.sh push cpu|gpu REPO    push as REPO/cassava-trainer-{cpu,gpu}:$TAG; prints the digest
-#   scripts/images.sh size cpu|gpu         uncompressed size, and per layer
+#   scripts/images.sh build cpu|gpu|serving        build localhost/cassava-trainer-{cpu,gpu,serving}:$TAG
+#   scripts/images.sh test cpu|gpu|serving         container-structure-test with images/FLAVOUR/structure.yaml
+#   scripts/images.sh push cpu|gpu|serving REPO    push as REPO/cassava-trainer-FLAVOUR:$TAG; prints the digest
+#   scripts/images.sh size cpu|gpu|serving         uncompressed size, and per layer
 #
 # Environment: TAG (default dev); BASE_IMAGE to replace the Dockerfile's base (CI's stand-in);
 # PYTHON for a base whose interpreter has another name; REVISION/VERSION for the OCI labels.
@@ -19,15 +20,18 @@ CST_VERSION=1.19.1  # container-structure-test, also pinned in pyproject.toml an
 image_name() { echo "localhost/cassava-trainer-$1:$TAG"; }
 
 check_flavour() {
-  case "${1:-}" in cpu|gpu) ;; *) echo "images.sh: flavour must be cpu or gpu, got '${1:-}'" >&2; exit 2 ;; esac
+  case "${1:-}" in cpu|gpu|serving) ;; *) echo "images.sh: flavour must be cpu, gpu or serving, got '${1:-}'" >&2; exit 2 ;; esac
 }
+
+# The training images' Dockerfiles are at the top; the prediction image's is under images/serving/.
+dockerfile() { if [ "$1" = serving ]; then echo images/serving/Dockerfile; else echo "Dockerfile.$1"; fi; }
 
 build() {
   local flavour=$1 args=()
   [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
   [ -n "${PYTHON:-}" ] && args+=(--build-arg "PYTHON=$PYTHON")
   args+=(--build-arg "REVISION=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-         --build-arg "VERSION=${VERSION:-$TAG}" -f "Dockerfile.$flavour" -t "$(image_name "$flavour")")
+         --build-arg "VERSION=${VERSION:-$TAG}" -f "$(dockerfile "$flavour")" -t "$(image_name "$flavour")")
   if [ "$BUILDER" = docker ]; then
     docker build "${args[@]}" .
   else
@@ -95,7 +99,7 @@ size() {
   # layers left out (they are cached on most nodes; ours are what every new node pulls).
   local flavour=$1 image base base_layers
   image=$(image_name "$flavour")
-  base=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "Dockerfile.$flavour")}
+  base=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$(dockerfile "$flavour")")}
   $ENGINE image inspect --format '{{.Size}}' "$image" | awk -v i="$image" '{printf "%s: %.2f GB uncompressed\n", i, $1/1e9}'
   base_layers=$( ($ENGINE history --quiet "$base" 2>/dev/null || true) | wc -l)
   $ENGINE history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' "$image" | head -n "-${base_layers}" \
@@ -108,5 +112,5 @@ case "$command" in
   test) check_flavour "${1:-}"; structure_test "$1" ;;
   push) check_flavour "${1:-}"; push "$1" "${2:-}" ;;
   size) check_flavour "${1:-}"; size "$1" ;;
-  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,12p' "$0" >&2; exit 2 ;;
 esac

@@ -21,7 +21,24 @@ compile() {  # compile OUTPUT EXTRA...
 # CPU environments: tensorflow-cpu, without the `tensorflow` that tf-keras asks for.
 overrides=(--override requirements/overrides.txt --override requirements/overrides-cpu.txt)
 compile images/cpu/requirements.lock cpu
-compile requirements/dev.lock cpu test submit
+compile requirements/dev.lock cpu test submit serving
+# The prediction image: the CPU image's lock as it is, then only what the server adds. Compiled with
+# the CPU lock as constraints (so a package both need is at the CPU lock's version), and trimmed to
+# the packages the CPU lock lacks: images/serving/Dockerfile installs the two in that order.
+overrides+=(--constraint images/cpu/requirements.lock)
+compile images/serving/requirements.lock cpu serving
+python3 - images/cpu/requirements.lock images/serving/requirements.lock <<'PY'
+import re, sys
+def blocks(text):
+    return {m.group(1).lower(): m.group(0) for m in re.finditer(r"^([A-Za-z0-9._-]+)==(\S+) .*?(?=^\S|\Z)", text, re.M | re.S)}
+cpu, full = (blocks(open(path).read()) for path in sys.argv[1:])
+for name, block in full.items():
+    if name in cpu and cpu[name].split()[0] != block.split()[0]:
+        sys.exit(f"lock.sh: {block.split()[0]} differs from the CPU lock's {cpu[name].split()[0]}")
+kept = [block for name, block in full.items() if name not in cpu]
+open(sys.argv[2], "w").write("# Installed after images/cpu/requirements.lock (scripts/lock.sh): what the server adds to it.\n"
+                             + "".join(kept))
+PY
 # GPU image: the full `tensorflow` wheel and the pinned NVIDIA CUDA wheels it loads (pyproject.toml).
 overrides=(--override requirements/overrides.txt)
 compile images/gpu/requirements.lock gpu

@@ -1,5 +1,6 @@
 """The rehearsal: a Vertex AI job or a Kubernetes JobSet run on this machine, one container per
-replica or pod, before a real one costs (`python scripts/submit_job.py local ...`).
+replica or pod, before a real one costs (`python scripts/submit_job.py local ...`), and a Model
+deployed to an endpoint (`python scripts/deploy_model.py local ...`).
 
 | module       | its one job                                                                        |
 |--------------|------------------------------------------------------------------------------------|
@@ -7,6 +8,7 @@ replica or pod, before a real one costs (`python scripts/submit_job.py local ...
 | runner.py    | the one container runner: create, start, relay, stop, remove; the loop over rules    |
 | vertex.py    | Vertex AI's rules, and what Vertex tells each replica                                |
 | jobset.py    | JobSet's and Kubernetes' rules, and what each pod gets, as their controllers do    |
+| endpoint.py  | a Model deployed to an endpoint: the prediction image, ready when healthy           |
 | engine.py    | the container engine (docker or podman) and its settings, for every script         |
 | storage.py   | Cloud Storage and /gcs/ for every container, from one setup                          |
 | local_gcs.py | the local Cloud Storage server and its proxy (`python -m scripts.rehearsal.local_gcs`) |
@@ -14,5 +16,6 @@ replica or pod, before a real one costs (`python scripts/submit_job.py local ...
 | fields.py    | the spec fields a rehearsal does not emulate, named at its start                    |
 
 Every module imports its siblings as `scripts.rehearsal.X`, from the repository's root; the one
-command line, scripts/submit_job.py, puts the root on sys.path when it is run as a file.
+command lines, scripts/submit_job.py and scripts/deploy_model.py, put the root on sys.path when
+they are run as files.
 """

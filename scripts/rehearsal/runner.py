@@ -86,6 +86,7 @@ class Container:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()  # names the other containers reach it by
     volumes: tuple[str, ...] = ()  # -v arguments of its own, besides the storage's
+    ports: tuple[str, ...] = ()  # -p arguments: HOST_ADDRESS:HOST_PORT:CONTAINER_PORT
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     gpus: bool = False
     grace: float = 10  # seconds between SIGTERM and SIGKILL when it is stopped
@@ -224,6 +225,8 @@ class Run:
             arguments += ["-e", f"{key}={value}"]
         for volume in (*self.volumes, *container.volumes):
             arguments += ["-v", volume]
+        for port in container.ports:
+            arguments += ["-p", port]
         for key, value in container.labels.items():
             arguments += ["--label", f"{key}={value}"]
         if container.gpus:
@@ -427,7 +430,7 @@ def drive(run: Run, rules: Rules, faults=()) -> Outcome:
     except Cancelled:
         return Outcome(130, "interrupted", cancelled=True)
     except BaseException:
-        run.halt()  # interrupted in this thread: the containers get their grace, as on the platform
+        run.stop()  # interrupted in this thread: the containers get their grace, as on the platform
         raise
     finally:
         run.remove()

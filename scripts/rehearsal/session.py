@@ -1,7 +1,7 @@
-"""One rehearsal from start to end, whatever the platform: `rehearse` checks the options, finds the
-engine, starts Cloud Storage (storage.py), hands the spec to the platform's rules (vertex.py or
-jobset.py) over the runner (runner.py), copies the buckets out, and removes everything it made,
-also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
+"""One rehearsal from start to end, whatever the platform: `rehearse` checks the options, and
+`run_session` finds the engine, starts Cloud Storage (storage.py), hands the spec to the
+platform's rules (vertex.py, jobset.py, endpoint.py) over the runner (runner.py), copies the
+buckets out, and removes everything it made, also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
 runner's cancel, `kill`) both stop every container with its grace, then clean up.
 
 `leftovers` lists what a rehearsal left on this machine: every test of the rehearsal asserts it
@@ -58,11 +58,24 @@ def faults_of(platform: str, options: Options) -> list:
 def rehearse(platform: str, document: dict, options: Options, output: Output | None = None) -> int:
     """Runs a CustomJob / HyperparameterTuningJob (vertex) or a JobSet (jobset) on this machine;
     returns the exit code. Raises RehearsalError, one line, for what it cannot run."""
-    output = output or Output()
     faults = faults_of(platform, options)
     if options.vertex.replica_restarts < 0 or options.vertex.job_retries < 0:
         raise RehearsalError("--replica-restarts and --job-retries are 0 or more")
     (jobset if platform == JOBSET else vertex).check(document, faults)  # before anything starts
+
+    def play(session: Session, storage: Storage, run_id: str, scratch: Path) -> int:
+        if platform == JOBSET:
+            return jobset.run(session, document, run_id, faults, None if options.real_gcs else storage.bucket_directory)
+        return vertex.run(session, document, run_id, faults, storage.files_volume(), options.vertex, scratch)
+
+    return run_session(options, buckets_named(document), play, output)
+
+
+def run_session(options: Options, buckets: list[str], play, output: Output | None = None) -> int:
+    """Finds the engine, starts Cloud Storage with `buckets` (and --stage's), runs
+    play(session, storage, run_id, scratch), copies the buckets out (--keep), and removes
+    everything, also when interrupted. Returns play's exit code (130 when interrupted)."""
+    output = output or Output()
     try:
         engine = Engine.detect(options.engine)
     except EngineError as error:
@@ -74,13 +87,9 @@ def rehearse(platform: str, document: dict, options: Options, output: Output | N
     session = Session(engine, output, storage.for_network)
     previous_handlers = _interrupt_on_signals()
     try:
-        storage.start(buckets_named(document), options.stages)
+        storage.start(buckets, options.stages)
         output.note(storage.describe())
-        if platform == JOBSET:
-            code = jobset.run(session, document, run_id, faults,
-                              None if options.real_gcs else storage.bucket_directory)
-        else:
-            code = vertex.run(session, document, run_id, faults, storage.files_volume(), options.vertex, scratch)
+        code = play(session, storage, run_id, scratch)
         if options.keep_dir and not options.real_gcs:
             count = storage.keep(Path(options.keep_dir))
             output.note(f"copied {count} objects from the local Cloud Storage server to {options.keep_dir}")

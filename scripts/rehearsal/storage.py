@@ -134,6 +134,16 @@ class Storage:
             self.buckets.append(bucket)
         return self.files / bucket
 
+    def copy(self, bucket: str, prefix: str, to_bucket: str, to_prefix: str) -> int:
+        """Copies every object under gs://bucket/prefix/ to gs://to_bucket/to_prefix/; how many."""
+        self.server.create_bucket(to_bucket)
+        if to_bucket not in self.buckets:
+            self.buckets.append(to_bucket)
+        names = [name for name in self.server.list(bucket, prefix + "/") if not name.endswith("/")]
+        for name in names:
+            self.server.upload(to_bucket, f"{to_prefix}/{name[len(prefix) + 1:]}", self.server.download(bucket, name))
+        return len(names)
+
     def keep(self, directory: Path) -> int:
         """Copies every object out of the local server, which keeps them only in memory."""
         count = 0

@@ -38,3 +38,12 @@ def gpu_image(base_image):
     sh("scripts/images.sh", "build", "gpu", env=build_env(base_image), timeout=3000)
     BUDGETS.append(f"GPU image build: {time.monotonic() - started:.0f}s")
     return "localhost/cassava-trainer-gpu:test"
+
+
+@pytest.fixture(scope="session")
+def serving_image(cpu_image, base_image):
+    """The prediction image, built after the CPU image so that it reuses its base and TensorFlow layers."""
+    started = time.monotonic()
+    sh("scripts/images.sh", "build", "serving", env=build_env(base_image))
+    BUDGETS.append(f"prediction image build (after the CPU image): {time.monotonic() - started:.0f}s")
+    return "localhost/cassava-trainer-serving:test"

@@ -1,0 +1,205 @@
+"""The prediction image, built, linted, structure-tested and deployed by the rehearsal
+(`scripts/deploy_model.py local`): the model exported here, read by the image from the local Cloud
+Storage at its gs:// URI, answering as trainer.predict does on the same bytes, refusing every bad
+request in one line and answering the next good one, starting with nothing on stderr, and leaving
+nothing behind. (tests/integration/test_prediction_server.py covers the server process in depth.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+
+import pytest
+
+from containers import leftovers, sh
+from test_vertex_rehearsal import lines
+from helpers import BUDGETS, REPO, clean_env, run_module
+from integration.test_prediction_server import (BAD_REQUESTS, HEALTH, PREDICT, Server, bad_body, photos, raw_connection,
+                                                request_body)
+
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+ARTIFACTS = "gs://serving-models/runs/1/model"
+LIMITS = ["--max-request-bytes", "300000", "--max-instances", "8", "--max-image-pixels", "4000000", "--client-timeout", "4"]
+
+
+def test_the_prediction_dockerfile_passes_hadolint():
+    result = sh("hadolint", "--config", ".hadolint.yaml", "images/serving/Dockerfile", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_prediction_image_passes_its_structure_tests(engine, serving_image):
+    _, env = engine
+    sh("scripts/images.sh", "test", "serving", env={**env, "TAG": "test"})
+    with open(os.path.join(env["IMAGES_WORK"], "structure-serving.json")) as report_file:
+        report = json.load(report_file)
+    assert report["Fail"] == 0 and report["Pass"] >= 10, report
+    assert any(r["Name"].startswith("Command Test") for r in report["Results"])
+
+
+def test_the_prediction_image_is_the_cpu_images_base_and_tensorflow_layers_and_little_more(engine, base_image, cpu_image,
+                                                                                            serving_image):
+    """The same layers, not merely the same lock: a node that has pulled the CPU image pulls only
+    the server's few megabytes."""
+    tool, env = engine
+
+    def inspect(image: str, field: str):
+        return json.loads(sh(tool, "image", "inspect", "--format", f"{{{{json {field}}}}}", image, env=env).stdout)
+
+    base, cpu, serving = (inspect(image, ".RootFS.Layers") for image in (base_image, cpu_image, serving_image))
+    shared = len(base) + 2  # the base, the lock file, and the layer it installs
+    assert serving[:shared] == cpu[:shared] and len(serving) > shared, (cpu, serving)
+    extra = inspect(serving_image, ".Size") - inspect(cpu_image, ".Size")
+    BUDGETS.append(f"prediction image: {inspect(serving_image, '.Size') / 1e9:.2f} GB uncompressed, "
+                   f"{extra / 1e6:+.1f} MB against the CPU image")
+    assert extra < 50e6, extra
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    """A tiny model (the small architecture, 48 px), trained and exported once on this machine."""
+    root = tmp_path_factory.mktemp("serving-image")
+    result = run_module("trainer.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+                        "--image-size", "48", "--architecture", "small", "--weights", "none",
+                        "--per-replica-batch-size", "4", "--data-dir", str(root / "data"), "--model-dir", str(root / "model"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "model"
+
+
+def user_env() -> dict:
+    """A user's shell: none of the engine's settings, which the rehearsal finds itself."""
+    return {k: v for k, v in clean_env().items() if not k.startswith("CONTAINERS_")}
+
+
+def rehearsal(engine, image: str, export, *options: str) -> list[str]:
+    tool, _ = engine
+    return [PYTHON, "scripts/deploy_model.py", "local", "--engine", tool, "--image-uri", image,
+            "--artifact-uri", ARTIFACTS, "--stage", f"{export}={ARTIFACTS}", "--predict-route", PREDICT,
+            "--health-route", HEALTH, *options]
+
+
+MARKER = "<!-- tested as written: tests/container/test_serving_image.py -->"
+
+
+def serving_md_block() -> str:
+    """docs/serving.md's rehearsal: a request made by trainer.predict, answered by the deployed image."""
+    text = (REPO / "docs" / "serving.md").read_text()
+    assert MARKER in text, "docs/serving.md no longer marks its rehearsal"
+    block = re.match(r"\s*```[a-z]*\n(.*?)```", text.split(MARKER, 1)[1], re.S)
+    assert block, "the marker must come right before a fenced block"
+    return block.group(1)
+
+
+def test_the_docs_rehearsal_answers_trainer_predicts_request_as_trainer_predict_does(engine, serving_image, export,
+                                                                                      tmp_path):
+    """Run as written in a user's shell, in a copy of the project's layout with the model where
+    run_local.sh puts it, the images the command names beside it, and the tests' prediction image
+    under the tag the command names (whatever held that tag gets it back)."""
+    command = serving_md_block()
+    image = re.search(r"--image-uri (localhost/\S+)", command).group(1)
+    for name in ("scripts", "trainer", ".venv"):
+        (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / "model").symlink_to(export)
+    files = re.findall(r"\b(\S+\.(?:jpg|png))\b", command.split("\n")[0])
+    for name, content in zip(files, photos(len(files), seed=21)):
+        (tmp_path / name).write_bytes(content)
+    tool, env = engine
+    previous = sh(tool, "image", "inspect", "--format", "{{.Id}}", image, env=env, check=False)
+    sh(tool, "tag", serving_image, image, env=env)
+    try:
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, env=user_env(),
+                                capture_output=True, text=True, timeout=900)
+    finally:
+        if previous.returncode == 0:
+            sh(tool, "tag", previous.stdout.strip(), image, env=env)
+        else:
+            sh(tool, "rmi", image, env=env)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
+    paths = [str(tmp_path / name) for name in files]
+    printed = run_module("trainer.predict", str(export), *paths)
+    rows = [line.split("\t") for line in printed.stdout.splitlines()]
+    assert len(answer) == len(rows) == len(files)
+    assert [p["class_name"] for p in answer] == [row[1] for row in rows]
+    assert all(abs(max(p["probabilities"]) - float(row[2])) <= 6e-5 for p, row in zip(answer, rows))
+    expected = served_here(export, paths)
+    assert all(abs(a - b) <= 1e-5 for p, e in zip(answer, expected) for a, b in zip(p["probabilities"], e)), (answer, expected)
+    # The model was read from Vertex's copy of the artifacts at its gs:// URI; a healthy start
+    # wrote nothing to stderr (Cloud Logging's ERROR); the container stopped cleanly on SIGTERM.
+    model = lines(result.stdout, "model")
+    assert any(re.search(r"trainer: model loaded from gs://caip-tenant-local-artifacts/\S+ in ", line) for line in model), model
+    assert lines(result.stdout, "model", "ERROR") == [], result.stdout[-3000:]
+    assert lines(result.stdout, "local-run")[-1].endswith("with exit code 0"), result.stdout[-2000:]
+    assert not [line for line in result.stderr.splitlines() if "deploy_model" in line or "Traceback" in line], result.stderr
+    assert leftovers(engine) == []
+
+
+def served_here(export, paths) -> list[list[float]]:
+    """The export's serving_default on the same files, in this machine's TensorFlow."""
+    script = ("import json, sys, trainer, tensorflow as tf\n"
+              "signature = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+              "images = [open(p, 'rb').read() for p in sys.argv[2:]]\n"
+              "print(json.dumps(signature(image_bytes=tf.constant(images))['probabilities'].numpy().tolist()))\n")
+    result = subprocess.run([PYTHON, "-c", script, str(export), *paths], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_every_bad_request_is_one_line_and_the_next_good_one_is_answered_in_the_image(engine, serving_image, export):
+    process = subprocess.Popen(rehearsal(engine, serving_image, export, "--", *LIMITS), cwd=REPO, env=user_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in process.stdout:
+            seen.append(line)
+            if re.match(r"local-run\s+INFO\s+ready: http://127\.0\.0\.1:\d+/", line):
+                ready.set()
+        ready.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(600) and process.poll() is None, "".join(seen)[-4000:] + (process.stderr.read() if process.poll() is not None else "")
+        port = int(re.search(r"ready: http://127\.0\.0\.1:(\d+)/", "".join(seen)).group(1))
+        server = Server(process, port)
+        good = photos(3, seed=11)
+        for name, body, headers, status, message in BAD_REQUESTS:
+            answered, answer = server.predict(bad_body(name, body, good), headers)
+            assert answered == status and answer["error"].startswith(message), (name, answer)
+            assert "Traceback" not in answer["error"] and "\n" not in answer["error"]
+            after, predictions = server.predict(request_body(good))
+            assert after == 200 and len(predictions["predictions"]) == 3, (name, predictions)
+        # An idle client holds up no one, and a body over the limit is refused by its length alone.
+        idle = raw_connection(server)
+        oversized = raw_connection(server)
+        oversized.sendall(b"POST " + PREDICT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n{")
+        assert oversized.recv(65536).startswith(b"HTTP/1.1 413 ")
+        assert server.predict(request_body(good[:1]))[0] == 200
+        idle.close(), oversized.close()
+        # Published on this machine's loopback only, as the engine itself reports the binding.
+        tool, env = engine
+        names = [n for n in sh(tool, "ps", "--format", "{{.Names}}", env=env).stdout.split() if n.startswith("rehearsal-")]
+        bindings = {sh(tool, "port", name, env=env).stdout.strip() for name in names}
+        assert f"8080/tcp -> 127.0.0.1:{port}" in bindings, bindings
+        process.send_signal(signal.SIGTERM)  # a user's Ctrl-C or kill: the model is undeployed
+        process.wait(timeout=300)
+    finally:
+        if process.poll() is None:  # a failed assertion: the rehearsal still cleans up after itself
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        reader.join(timeout=30)
+    err = process.stderr.read()
+    output = "".join(seen)
+    assert process.returncode == 130, output[-3000:] + err[-2000:]
+    assert any(line.startswith("undeployed: ") and line.endswith("with exit code 0") for line in lines(output, "local-run")), output[-2000:]
+    assert leftovers(engine) == []
