@@ -45,6 +45,28 @@ def leftovers(engine) -> list[str]:
     return left_by_rehearsals(Engine(tool, env), parent=os.getpid())
 
 
+def user_env(**extra) -> dict:
+    """A user's shell: none of the engine's settings (scripts/rehearsal/engine.py's) that the tests'
+    own engine commands use; a rehearsal finds them itself."""
+    return {k: v for k, v in clean_env(**extra).items() if not k.startswith("CONTAINERS_")}
+
+
+def run_as_written(engine, image: str, tag: str, command: str, cwd) -> subprocess.CompletedProcess:
+    """Runs a documented block as written, in a user's shell in `cwd`, with the tests' `image` under
+    the `tag` the block names; whatever held that tag before gets it back."""
+    tool, env = engine
+    previous = sh(tool, "image", "inspect", "--format", "{{.Id}}", tag, env=env, check=False)
+    sh(tool, "tag", image, tag, env=env)
+    try:
+        return subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=user_env(),
+                              capture_output=True, text=True, timeout=900)
+    finally:
+        if previous.returncode == 0:
+            sh(tool, "tag", previous.stdout.strip(), tag, env=env)
+        else:
+            sh(tool, "rmi", tag, env=env)
+
+
 def build_env(base_image: str) -> dict:
     # The stand-in base's interpreter is Debian's python3 (3.11 on bookworm).
     return image_env(BASE_IMAGE=base_image, PYTHON="python3", TAG="test")

@@ -11,7 +11,8 @@ import yaml
 
 from containers import SMALL_TRAINING, leftovers
 from helpers import REPO, run_module, write_image_folder
-from test_vertex_rehearsal import lines, user_env
+from containers import user_env
+from test_vertex_rehearsal import lines
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 

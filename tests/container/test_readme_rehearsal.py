@@ -10,11 +10,10 @@ image gets that tag for the run, and whatever held it before gets it back.
 from __future__ import annotations
 
 import re
-import subprocess
 
-from containers import sh
+from containers import leftovers, run_as_written
 from helpers import REPO
-from test_vertex_rehearsal import leftovers, lines, summary, user_env
+from test_vertex_rehearsal import lines, summary
 
 MARKER = "<!-- tested as written: tests/container/test_readme_rehearsal.py -->"
 
@@ -32,19 +31,9 @@ def test_the_readme_rehearsal_runs_as_written(engine, cpu_image, tmp_path):
     names = set(re.findall(r"localhost/[\w./-]+:[\w.-]+", command))
     assert len(names) == 1, f"the README's rehearsal should name one local image, not {names}"
     readme_image = names.pop()
-    tool, env = engine
-    previous = sh(tool, "image", "inspect", "--format", "{{.Id}}", readme_image, env=env, check=False)
-    sh(tool, "tag", cpu_image, readme_image, env=env)
     for name in ("scripts", "trainer", ".venv", "requirements", "pyproject.toml"):
         (tmp_path / name).symlink_to(REPO / name)
-    try:
-        result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, env=user_env(),
-                                capture_output=True, text=True, timeout=900)
-    finally:
-        if previous.returncode == 0:
-            sh(tool, "tag", previous.stdout.strip(), readme_image, env=env)
-        else:
-            sh(tool, "rmi", readme_image, env=env)
+    result = run_as_written(engine, cpu_image, readme_image, command, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert not result.stderr.strip(), result.stderr[-2000:]
     # What the README says the run shows: a preempted worker, the whole job back, and the model saved.

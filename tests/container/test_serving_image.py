@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from containers import leftovers, sh
+from containers import leftovers, run_as_written, sh, user_env
 from test_vertex_rehearsal import lines
 from helpers import BUDGETS, REPO, clean_env, run_module
 from integration.test_prediction_server import (BAD_REQUESTS, HEALTH, PREDICT, Server, bad_body, photos, raw_connection,
@@ -70,11 +70,6 @@ def export(tmp_path_factory):
     return root / "model"
 
 
-def user_env() -> dict:
-    """A user's shell: none of the engine's settings, which the rehearsal finds itself."""
-    return {k: v for k, v in clean_env().items() if not k.startswith("CONTAINERS_")}
-
-
 def rehearsal(engine, image: str, export, *options: str) -> list[str]:
     tool, _ = engine
     return [PYTHON, "scripts/deploy_model.py", "local", "--engine", tool, "--image-uri", image,
@@ -108,17 +103,7 @@ def test_the_docs_rehearsal_answers_trainer_predicts_request_as_trainer_predict_
     files = re.findall(r"\b(\S+\.(?:jpg|png))\b", command.split("\n")[0])
     for name, content in zip(files, photos(len(files), seed=21)):
         (tmp_path / name).write_bytes(content)
-    tool, env = engine
-    previous = sh(tool, "image", "inspect", "--format", "{{.Id}}", image, env=env, check=False)
-    sh(tool, "tag", serving_image, image, env=env)
-    try:
-        result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, env=user_env(),
-                                capture_output=True, text=True, timeout=900)
-    finally:
-        if previous.returncode == 0:
-            sh(tool, "tag", previous.stdout.strip(), image, env=env)
-        else:
-            sh(tool, "rmi", image, env=env)
+    result = run_as_written(engine, serving_image, image, command, tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
     paths = [str(tmp_path / name) for name in files]

@@ -18,8 +18,8 @@ import threading
 
 import pytest
 
-from containers import SMALL_TRAINING, leftovers
-from helpers import REPO, backups_reported, clean_env, resumed_at, run_module, write_image_folder
+from containers import SMALL_TRAINING, leftovers, user_env
+from helpers import REPO, backups_reported, resumed_at, run_module, write_image_folder
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 # Each replica makes its own synthetic data on its own disk, as it would on its own VM.
@@ -31,12 +31,6 @@ def dry_run(*args: str, image: str) -> dict:
                              "--image-uri", image, *args[args.index("--"):]],
                             cwd=REPO, capture_output=True, text=True, check=True)
     return json.loads(result.stdout)
-
-
-def user_env(**extra) -> dict:
-    """A user's shell: none of the engine's settings (scripts/rehearsal/engine.py's) that the tests' own
-    engine commands use."""
-    return {k: v for k, v in clean_env(**extra).items() if not k.startswith("CONTAINERS_")}
 
 
 def run_local(engine, tmp_path, spec: dict | None, *args: str, timeout: float = 900, env=None) -> subprocess.CompletedProcess:
