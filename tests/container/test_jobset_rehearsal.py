@@ -9,9 +9,8 @@ import subprocess
 
 import yaml
 
-from containers import SMALL_TRAINING, leftovers
+from containers import SMALL_TRAINING, leftovers, user_env
 from helpers import REPO, run_module, write_image_folder
-from containers import user_env
 from test_vertex_rehearsal import lines
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
