@@ -21,7 +21,7 @@ compile() {  # compile OUTPUT EXTRA...
 # CPU environments: tensorflow-cpu, without the `tensorflow` that tf-keras asks for.
 overrides=(--override requirements/overrides.txt --override requirements/overrides-cpu.txt)
 compile images/cpu/requirements.lock cpu
-compile requirements/dev.lock cpu test submit
+compile requirements/dev.lock cpu test submit profile
 # GPU image: the full `tensorflow` wheel and the pinned NVIDIA CUDA wheels it loads (pyproject.toml).
 overrides=(--override requirements/overrides.txt)
 compile images/gpu/requirements.lock gpu
