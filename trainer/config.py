@@ -12,7 +12,7 @@ import os
 import dataclasses
 from typing import Mapping, Sequence
 
-from trainer import outputs, precision
+from trainer import outputs, precision, profiling
 from trainer.cluster import Cluster
 
 # --learning-rate auto: Adam's rate for fine-tuning pretrained weights (the codelab's 1e-4, small
@@ -84,6 +84,9 @@ class TrainConfig:
     eval_timeout: float
     # Diagnostics: each worker appends the example ids it fed to training here.
     trace_input_dir: str | None
+    # A profiler trace of these training steps (first, last; from 1), on the chief or every task.
+    profile_steps: tuple[int, int] | None = None
+    profile_tasks: str = "chief"
 
 
 def _positive_int(text: str) -> int:
@@ -124,6 +127,13 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def _profile_steps(text: str) -> tuple[int, int]:
+    try:
+        return profiling.parse_steps(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _dataset_spec(text: str) -> DatasetSpec:
@@ -280,6 +290,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="each worker appends the ids of the examples it trains on to a file here "
         "(slow; for checking input sharding)",
     )
+    diagnostics.add_argument(
+        "--profile-steps", type=_profile_steps, default=None, metavar="FIRST-LAST",
+        help="capture a TensorFlow profiler trace of these training steps (counted from 1 over the run, "
+        "e.g. 10-15) into the TensorBoard directory (--tensorboard-dir, $AIP_TENSORBOARD_LOG_DIR on "
+        "Vertex AI), for TensorBoard's profile tab (docs/performance.md)",
+    )
+    diagnostics.add_argument(
+        "--profile-tasks", choices=profiling.TASK_CHOICES, default="chief",
+        help="which tasks capture --profile-steps: the chief (TENSORBOARD_DIR/train), or every "
+        "training task (the others to TENSORBOARD_DIR/train-TASK)",
+    )
     return parser
 
 
@@ -333,4 +354,6 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str], cluster: Clust
         hypertune_metric=args.hypertune_metric,
         eval_timeout=args.eval_timeout,
         trace_input_dir=args.trace_input_dir,
+        profile_steps=args.profile_steps,
+        profile_tasks=args.profile_tasks,
     )

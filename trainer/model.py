@@ -13,6 +13,8 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from trainer import input_wait
+
 HEAD_UNITS = 1024
 # ResNet50's ImageNet preprocessing ("caffe" mode): BGR channel order, mean subtracted.
 IMAGENET_BGR_MEAN = (103.939, 116.779, 123.68)
@@ -136,8 +138,10 @@ def warmup_steps(weights: str, steps_per_epoch: int) -> int:
 
 
 def compile_model(model: tf.keras.Model, learning_rate: float, steps_per_execution: int, jit_compile: bool,
-                  warmup: int = 0) -> None:
-    """`warmup`: steps of linear learning-rate warm-up (warmup_steps), 0 for none."""
+                  warmup: int = 0, input_lanes: int = 1) -> None:
+    """`warmup`: steps of linear learning-rate warm-up (warmup_steps), 0 for none. Each train step
+    also measures its wait for input (trainer.input_wait; `input_lanes` replicas step side by
+    side), except under XLA, which cannot compile a timestamp."""
     rate = LinearWarmup(learning_rate, warmup) if warmup else learning_rate
     model.compile(
         optimizer=tf.keras.optimizers.Adam(rate),
@@ -146,6 +150,8 @@ def compile_model(model: tf.keras.Model, learning_rate: float, steps_per_executi
         steps_per_execution=steps_per_execution,
         jit_compile=jit_compile,
     )
+    if not jit_compile:
+        input_wait.install(model, input_lanes)
 
 
 @contextlib.contextmanager
