@@ -398,14 +398,18 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", default=None,
                         help="a ResNet50 no-top weights file both recipes fine-tune from (ImageNet's, where you have "
                              "them); by default weights pretrained here once (benchmarks/pretrain.py)")
-    parser.add_argument("--target", type=float, default=0.8, help="val_accuracy to reach when fine-tuning")
-    parser.add_argument("--rounds", type=int, default=3, help="fine-tuning rounds (each runs both recipes)")
+    parser.add_argument("--target", type=float, default=0.7, help="val_accuracy to reach when fine-tuning")
+    parser.add_argument("--rounds", type=int, default=2, help="fine-tuning rounds (each runs both recipes)")
     parser.add_argument("--scratch-rounds", type=int, default=1, help="rounds from random weights (0: none)")
     parser.add_argument("--scratch-target", type=float, default=0.6, help="val_accuracy to reach from random weights")
     parser.add_argument("--max-epochs", type=int, default=100,
                         help="each run stops after this many epochs if it has not reached its target")
-    parser.add_argument("--max-seconds", type=float, default=330.0, help="each run stops here if it has not reached its target")
+    parser.add_argument("--max-seconds", type=float, default=600.0,
+                        help="each fine-tuning run stops here if it has not reached its target")
+    parser.add_argument("--scratch-max-seconds", type=float, default=330.0,
+                        help="each run from random weights stops here if it has not reached its target")
     parser.add_argument("--pretrain-steps", type=int, default=600, help="steps of the pretraining, when it is done here")
+    parser.add_argument("--weights-cache", default=pretrain.CACHE_DIR, help="where weights pretrained here are kept")
     parser.add_argument("--seed", type=int, default=42, help="the lab's seed (the trainer's --seed default is 42)")
     parser.add_argument("--data-dir", default=None, help="where the generated data is kept; default a temp dir")
     parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
@@ -432,7 +436,7 @@ def main(argv=None) -> int:
     if args.weights:
         weights, weights_line = os.path.abspath(args.weights), f"{args.weights}, given with --weights"
     else:
-        weights, cost = pretrain.ensure(image_size=args.image_size, steps=args.pretrain_steps)
+        weights, cost = pretrain.ensure(args.weights_cache, image_size=args.image_size, steps=args.pretrain_steps)
         weights_line = f"{pretrain.describe(cost)}; cached in {weights}"
     print(f"weights: {weights_line}", flush=True)
     with tempfile.TemporaryDirectory(prefix="time-to-accuracy-") as work:
@@ -440,21 +444,22 @@ def main(argv=None) -> int:
         print(f"generating synthetic:{args.images} ...", flush=True)
         data_dir = synthetic.ensure(data_root, args.images)
 
-        def rounds(count, weights_file, target):
+        def rounds(count, weights_file, target, max_seconds):
             labs, trainers = [], []
             for number in range(count):
                 print(f"round {number + 1} of {count} ({'fine-tuning' if weights_file != 'none' else 'from random weights'})",
                       flush=True)
                 order = ("lab", "trainer") if number % 2 == 0 else ("trainer", "lab")
                 for recipe in order:
+                    limited = argparse.Namespace(**{**vars(args), "max_seconds": max_seconds})
                     if recipe == "lab":
-                        labs.append(run_lab(args, data_dir, weights_file, target))
+                        labs.append(run_lab(limited, data_dir, weights_file, target))
                     else:
-                        trainers.append(run_trainer(args, data_root, os.path.join(work, "trainer"), weights_file, target))
+                        trainers.append(run_trainer(limited, data_root, os.path.join(work, "trainer"), weights_file, target))
             return labs, trainers
 
-        fine = rounds(args.rounds, weights, args.target)
-        scratch = rounds(args.scratch_rounds, "none", args.scratch_target)
+        fine = rounds(args.rounds, weights, args.target, args.max_seconds)
+        scratch = rounds(args.scratch_rounds, "none", args.scratch_target, args.scratch_max_seconds)
     text = report(args, weights_line, fine, scratch)
     print(text)
     if args.results_dir:
