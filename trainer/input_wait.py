@@ -16,14 +16,15 @@ ParameterServerStrategy they live on a parameter server and every worker adds to
 results, `input_wait` (the share of the steps' time spent waiting), `input_wait_seconds` and
 `input_step_seconds` (per replica), go to the epoch's logs and TensorBoard, and the chief's
 epoch line (trainer.callbacks.EpochLog) says them. The cost is three small ops and four
-variable updates per step.
+variable updates per step, plus, in a synchronous job of several replicas, the all-reduce of one
+scalar per replica.
 
 What it cannot see: on a machine without accelerators the pipeline and the model share the same
 cores, and a pipeline that decodes ahead of the model takes their time without making any step
 wait. The step is then slower, not waiting; a profile (trainer.profiling) shows where the cores
 went.
 
-XLA cannot compile a timestamp, so a job with --jit-compile measures nothing (`install` says so).
+XLA cannot compile a timestamp, so with --jit-compile trainer.model.compile_model leaves this out.
 """
 
 from __future__ import annotations
