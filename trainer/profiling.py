@@ -54,12 +54,11 @@ def profiles_here(tasks: str, is_chief: bool) -> bool:
 class ProfileSteps(tf.keras.callbacks.Callback):
     """Traces training steps `first` to `last` (counted from 1 over the run) into `directory`."""
 
-    # Takes no logs, so ParameterServerStrategy allows its batch hooks (tf-keras refuses other
-    # batch-level callbacks there: their logs are not ready when the hooks run).
-    _supports_tf_logs = True
-
     def __init__(self, directory: str, first: int, last: int):
         super().__init__()
+        # Takes no logs, so ParameterServerStrategy allows its batch hooks (tf-keras refuses other
+        # batch-level callbacks there: their logs are not ready when the hooks run).
+        self._supports_tf_logs = True
         self.directory = directory
         self.first, self.last = first, last
         self.done = 0  # steps finished in this run

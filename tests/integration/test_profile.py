@@ -129,3 +129,17 @@ def test_with_profile_tasks_all_every_training_task_traces_into_a_bucket(tmp_pat
         local.write_bytes(gcs.download("profiled-job", name))
         run_dir = local.parent.parent.parent.parent  # RUN/plugins/profile/SESSION/HOST.xplane.pb
         assert [step for _, _, step in last_json_line(_STEP_MARKERS, str(run_dir))] == [1], name
+
+
+def test_a_parameter_server_coordinator_traces_its_side_of_the_steps(tmp_path, data_root):
+    """tf-keras refuses batch-level callbacks under ParameterServerStrategy unless they take
+    their logs as they come: the coordinator's trace holds the steps it scheduled."""
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", "--work-dir", str(tmp_path / "work"),
+         "--timeout", "500", "--", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
+         "--steps-per-epoch", str(STEPS_PER_EPOCH), *SMALL_RUN, "--model-dir", str(tmp_path / "out" / "model"),
+         "--profile-steps", f"{FIRST}-{LAST}"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=560)
+    assert result.returncode == 0, result.stdout[-4000:]
+    markers = last_json_line(_STEP_MARKERS, str(tmp_path / "out" / "logs" / "train"))
+    assert sorted(step for _, _, step in markers) == [step - 1 for step in range(FIRST, LAST + 1)]
