@@ -371,7 +371,7 @@ def report(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: 
                   "The lab's recipe is a fine-tuning recipe (Adam 1e-4, Keras' batch-norm momentum 0.99, inputs in [0, 1] "
                   "where the weights expect the ImageNet preprocessing); it is run from random weights here only to show "
                   "what the trainer's from-scratch defaults (learning rate 1e-3 with a one-epoch warm-up, batch-norm "
-                  "momentum 0.9) add. This table is not the comparison that counts.", "",
+                  "momentum 0.9) do there. This table is not the comparison that counts.", "",
                   *rounds_table(scratch_labs, scratch_trainers), ""]
         scratch_verdict = verdict(scratch_labs, scratch_trainers, args.scratch_target)
         lines.append(f"From random weights: trainer_over_lab{scratch_verdict.summary}"

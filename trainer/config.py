@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--learning-rate", type=_learning_rate, default="auto",
         help=f"Adam learning rate; auto: {TRANSFER_LEARNING_RATE:g} to fine-tune pretrained weights, "
         f"{SCRATCH_LEARNING_RATE:g} from scratch (--weights none), where it also ramps up linearly over the "
-        f"first epoch and ResNet50's batch-norm statistics follow the weights faster (trainer.model)",
+        f"first epoch (trainer.model)",
     )
     train.add_argument("--image-size", type=_positive_int, default=300, help="square input size in pixels")
     train.add_argument("--seed", type=int, default=42, help="seed for weights, shuffling and augmentation")
