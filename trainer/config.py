@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import dataclasses
 from typing import Mapping, Sequence
 
-from trainer import outputs, precision, profiling
+from trainer import outputs, precision
 from trainer.cluster import Cluster
 
 # --learning-rate auto: Adam's rate for fine-tuning pretrained weights (the codelab's 1e-4, small
@@ -25,6 +26,7 @@ STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "one_device", "parame
 CACHE_MODES = ("auto", "always", "never")
 DATASET_SCHEMES = ("tfds", "tfrecord", "synthetic")
 ARCHITECTURES = ("resnet50", "small")
+PROFILE_TASKS = ("chief", "all")
 
 
 class ConfigError(ValueError):
@@ -129,11 +131,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _profile_steps(text: str) -> tuple[int, int]:
-    try:
-        return profiling.parse_steps(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def parse_profile_steps(text: str) -> tuple[int, int]:
+    """--profile-steps: 'FIRST-LAST' or 'STEP' -> (first, last), counted from 1, inclusive."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    first, last = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
+    if not match or first < 1 or last < first:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST, steps counted from 1 with FIRST <= LAST (e.g. 10-15), "
+                                         f"got {text!r}")
+    return first, last
 
 
 def _dataset_spec(text: str) -> DatasetSpec:
@@ -291,13 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(slow; for checking input sharding)",
     )
     diagnostics.add_argument(
-        "--profile-steps", type=_profile_steps, default=None, metavar="FIRST-LAST",
+        "--profile-steps", type=parse_profile_steps, default=None, metavar="FIRST-LAST",
         help="capture a TensorFlow profiler trace of these training steps (counted from 1 over the run, "
         "e.g. 10-15) into the TensorBoard directory (--tensorboard-dir, $AIP_TENSORBOARD_LOG_DIR on "
         "Vertex AI), for TensorBoard's profile tab (docs/performance.md)",
     )
     diagnostics.add_argument(
-        "--profile-tasks", choices=profiling.TASK_CHOICES, default="chief",
+        "--profile-tasks", choices=PROFILE_TASKS, default="chief",
         help="which tasks capture --profile-steps: the chief (TENSORBOARD_DIR/train), or every "
         "training task (the others to TENSORBOARD_DIR/train-TASK)",
     )

@@ -9,6 +9,7 @@ writes it through its own file systems, so a gs:// directory (Vertex AI's
 AIP_TENSORBOARD_LOG_DIR) works as a local one does. Viewing it needs TensorBoard's profile plugin
 (the `xprof` package) where TensorBoard runs, not in the training image.
 
+The flags are parsed in trainer.config (`parse_profile_steps`), which must not load TensorFlow.
 Steps are counted from 1 over the whole run, as Keras' own `profile_batch` counts them (with
 --steps-per-execution N, each count is one execution of N steps). The trace
 starts before step FIRST begins and stops before step LAST + 1 begins (or before validation, or
@@ -21,26 +22,10 @@ waiting on the workers); it waits for the steps it scheduled to finish before it
 from __future__ import annotations
 
 import logging
-import re
 
 import tensorflow as tf
 
 log = logging.getLogger("trainer")
-
-TASK_CHOICES = ("chief", "all")
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """'FIRST-LAST' or 'STEP' -> (first, last), 1-based and inclusive; ValueError otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
-    if not match:
-        raise ValueError(f"expected FIRST-LAST (steps counted from 1, e.g. 10-15), got {text!r}")
-    first = int(match.group(1))
-    last = int(match.group(2) or first)
-    if first < 1 or last < first:
-        raise ValueError(f"expected 1 <= FIRST <= LAST, got {text!r}")
-    return first, last
-
 
 def log_dir(tensorboard_dir: str, task_name: str, is_chief: bool) -> str:
     """Where this task's trace goes: TENSORBOARD_DIR/train on the chief, train-TASK elsewhere."""
