@@ -106,7 +106,11 @@ def test_a_healthy_job_says_it_is_not_input_bound(tmp_path, data_root):
 
 
 def test_a_parameter_server_job_fed_by_a_slow_pipeline_says_it_is_input_bound(tmp_path, slow_bucket, gcs):
-    output = launch(tmp_path, "--dataset", f"tfrecord:{slow_bucket}", *SLOW, ps=1, env=clean_env(**gcs.environ()))
+    # Every ParameterServer worker reads the whole dataset, and its pipeline reads ahead while the
+    # coordinator ends an epoch: with 48 steps each worker reads three passes an epoch, so every
+    # epoch waits on the bucket for at least two of them.
+    output = launch(tmp_path, "--dataset", f"tfrecord:{slow_bucket}", *SLOW, "--steps-per-epoch", "48", ps=1,
+                    env=clean_env(**gcs.environ()))
     assert "strategy=parameter_server workers=2 ps=1" in output
     assert_verdicts(output, 2, input_bound=True)
 
