@@ -336,9 +336,22 @@ def rounds_table(labs: list[Run], trainers: list[Run]) -> list[str]:
     return table(rows, flagged)
 
 
-def best_time(runs: list[Run]) -> float | None:
-    times = [run.reached for run in runs if run.reached is not None]
-    return statistics.median(times) if times else None
+def pretraining_check(tuned: list[Run], from_scratch: list[Run]) -> str:
+    """Whether fine-tuning from the pretrained weights beats the trainer from random weights,
+    epoch by epoch: val_accuracy after the same number of epochs, the median over the rounds.
+    Epochs, not seconds: the runs may have had different cores, and an epoch is the same work."""
+    def medians(runs):
+        longest = max((len(run.epochs) for run in runs), default=0)
+        return [statistics.median(run.epochs[k][1] for run in runs if len(run.epochs) > k) for k in range(longest)]
+
+    ours, theirs = medians(tuned), medians(from_scratch)
+    compared = min(len(ours), len(theirs))
+    if not compared:
+        return "The pretrained weights were not checked: a run has no epoch."
+    better = all(a > b for a, b in zip(ours[:compared], theirs[:compared]))
+    return (f"The pretrained weights {'help' if better else 'DO NOT help'}: after each of the first {compared} epochs the "
+            f"trainer's val_accuracy was {' '.join(f'{a:.2f}' for a in ours[:compared])} fine-tuning, against "
+            f"{' '.join(f'{b:.2f}' for b in theirs[:compared])} from random weights (medians over the rounds).")
 
 
 def report(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: tuple[list[Run], list[Run]]) -> str:
@@ -376,15 +389,7 @@ def report(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: 
         scratch_verdict = verdict(scratch_labs, scratch_trainers, args.scratch_target)
         lines.append(f"From random weights: trainer_over_lab{scratch_verdict.summary}"
                      + (f" ({scratch_verdict.text})." if scratch_verdict.value is not None else "."))
-        tuned, random_start = best_time(trainers), best_time(scratch_trainers)
-        if tuned is not None and args.target >= args.scratch_target:
-            if random_start is None:
-                lines.append(f"The pretrained weights help: fine-tuning reached {args.target:.2f} in {tuned:.0f} s; the "
-                             f"trainer's best from random weights had not reached {args.scratch_target:.2f} when stopped.")
-            else:
-                helps = "help" if tuned < random_start else "DO NOT help"
-                lines.append(f"The pretrained weights {helps}: the trainer fine-tuning reached {args.target:.2f} in "
-                             f"{tuned:.0f} s, from random weights {args.scratch_target:.2f} in {random_start:.0f} s.")
+        lines.append(pretraining_check(trainers, scratch_trainers))
     lines += ["", f"summary: trainer_over_lab{fine_verdict.summary}"]
     return "\n".join(lines)
 
