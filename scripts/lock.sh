@@ -21,7 +21,7 @@ compile() {  # compile OUTPUT EXTRA...
 # CPU environments: tensorflow-cpu, without the `tensorflow` that tf-keras asks for.
 overrides=(--override requirements/overrides.txt --override requirements/overrides-cpu.txt)
 compile images/cpu/requirements.lock cpu
-compile requirements/dev.lock cpu test submit serving
+compile requirements/dev.lock cpu test submit serving profile
 # The prediction image: the CPU image's lock as it is, then only what the server adds. Compiled with
 # the CPU lock as constraints (so a package both need is at the CPU lock's version), and trimmed to
 # the packages the CPU lock lacks: images/serving/Dockerfile installs the two in that order.

@@ -8,6 +8,8 @@ import time
 
 import tensorflow as tf
 
+from trainer import input_wait
+
 log = logging.getLogger("trainer")
 
 
@@ -16,7 +18,10 @@ class EpochLog(tf.keras.callbacks.Callback):
     when `with_metrics`. It replaces Keras' own progress lines (fit runs with verbose=0): one
     line format on every task, and the metrics once per job, from the chief, where every worker
     would otherwise print the same all-reduced numbers again. After BackupAndRestore in the
-    callback list, so a resumed run's first line names the epoch it resumed at."""
+    callback list, so a resumed run's first line names the epoch it resumed at.
+
+    After the metrics, a line says what share of the steps' time went to waiting for input
+    (trainer.input_wait)."""
 
     def __init__(self, epochs: int, with_metrics: bool = True, num_classes: int | None = None):
         super().__init__()
@@ -31,12 +36,16 @@ class EpochLog(tf.keras.callbacks.Callback):
         log.info("epoch %d/%d begins", epoch + 1, self.epochs)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.last_logs = dict(logs or {})
+        logs = dict(logs or {})
+        waiting = input_wait.pop(logs)
+        self.last_logs = logs
         if not self.with_metrics:
             log.info("epoch %d/%d ends", epoch + 1, self.epochs)
             return
-        metrics = " ".join(f"{name}={value:.4f}" for name, value in sorted((logs or {}).items()))
+        metrics = " ".join(f"{name}={value:.4f}" for name, value in sorted(logs.items()))
         log.info("epoch %d/%d ends: %s (%.1fs)", epoch + 1, self.epochs, metrics, time.monotonic() - self.started)
+        if waiting is not None:
+            log.info("epoch %d/%d %s", epoch + 1, self.epochs, input_wait.describe(*waiting))
 
 
     def on_train_end(self, logs=None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import dataclasses
 from typing import Mapping, Sequence
 
@@ -25,6 +26,7 @@ STRATEGIES = ("auto", "multi_worker_mirrored", "mirrored", "one_device", "parame
 CACHE_MODES = ("auto", "always", "never")
 DATASET_SCHEMES = ("tfds", "tfrecord", "synthetic")
 ARCHITECTURES = ("resnet50", "small")
+PROFILE_TASKS = ("chief", "all")
 
 
 class ConfigError(ValueError):
@@ -84,6 +86,9 @@ class TrainConfig:
     eval_timeout: float
     # Diagnostics: each worker appends the example ids it fed to training here.
     trace_input_dir: str | None
+    # A profiler trace of these training steps (first, last; from 1), on the chief or every task.
+    profile_steps: tuple[int, int] | None = None
+    profile_tasks: str = "chief"
 
 
 def _positive_int(text: str) -> int:
@@ -124,6 +129,16 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def parse_profile_steps(text: str) -> tuple[int, int]:
+    """--profile-steps: 'FIRST-LAST' or 'STEP' -> (first, last), counted from 1, inclusive."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    first, last = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
+    if not match or first < 1 or last < first:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST, steps counted from 1 with FIRST <= LAST (e.g. 10-15), "
+                                         f"got {text!r}")
+    return first, last
 
 
 def _dataset_spec(text: str) -> DatasetSpec:
@@ -167,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--learning-rate", type=_learning_rate, default="auto",
         help=f"Adam learning rate; auto: {TRANSFER_LEARNING_RATE:g} to fine-tune pretrained weights, "
         f"{SCRATCH_LEARNING_RATE:g} from scratch (--weights none), where it also ramps up linearly over the "
-        f"first epoch and ResNet50's batch-norm statistics follow the weights faster (trainer.model)",
+        f"first epoch (trainer.model)",
     )
     train.add_argument("--image-size", type=_positive_int, default=300, help="square input size in pixels")
     train.add_argument("--seed", type=int, default=42, help="seed for weights, shuffling and augmentation")
@@ -280,6 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="each worker appends the ids of the examples it trains on to a file here "
         "(slow; for checking input sharding)",
     )
+    diagnostics.add_argument(
+        "--profile-steps", type=parse_profile_steps, default=None, metavar="FIRST-LAST",
+        help="capture a TensorFlow profiler trace of these training steps (counted from 1 over the run, "
+        "e.g. 10-15) into the TensorBoard directory (--tensorboard-dir, $AIP_TENSORBOARD_LOG_DIR on "
+        "Vertex AI), for TensorBoard's profile tab (docs/performance.md)",
+    )
+    diagnostics.add_argument(
+        "--profile-tasks", choices=PROFILE_TASKS, default="chief",
+        help="which tasks capture --profile-steps: the chief (TENSORBOARD_DIR/train), or every "
+        "training task (the others to TENSORBOARD_DIR/train-TASK)",
+    )
     return parser
 
 
@@ -339,4 +365,6 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str], cluster: Clust
         hypertune_metric=args.hypertune_metric,
         eval_timeout=args.eval_timeout,
         trace_input_dir=args.trace_input_dir,
+        profile_steps=args.profile_steps,
+        profile_tasks=args.profile_tasks,
     )

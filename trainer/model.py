@@ -13,19 +13,26 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from trainer import input_wait
+
 HEAD_UNITS = 1024
 # ResNet50's ImageNet preprocessing ("caffe" mode): BGR channel order, mean subtracted.
 IMAGENET_BGR_MEAN = (103.939, 116.779, 123.68)
 # Training crops this fraction of each side at a random place and scales it back up.
 CROP_FRACTION = 7 / 8
-# Batch-norm momentum of a ResNet50 trained from scratch. Validation and serving normalise with
-# the moving statistics, which start at mean 0, variance 1, far from what random convolutions of
-# pixels in +-128 produce: at Keras' 0.99 a short run's statistics still carry 0.99^steps of that
-# start (0.79 after 24 steps), so validation runs on unnormalised activations compounded over 50
-# layers (val_loss 219,720 after one epoch of 24 steps, val_accuracy at chance). At 0.9 the start
-# weighs 0.08 after 24 steps. With ImageNet weights the statistics are already the data's, and
-# Keras' 0.99 stays.
-SCRATCH_BATCH_NORM_MOMENTUM = 0.9
+# ResNet50's batch-norm momentum, from scratch and fine-tuning alike. Validation and serving
+# normalise with the moving statistics, and at Keras' 0.99 a short run's still carry 0.99^steps
+# of where they started (0.79 after 24 steps):
+# - from scratch they start at mean 0, variance 1, far from what random convolutions of pixels in
+#   +-128 produce: validation runs on unnormalised activations compounded over 50 layers
+#   (val_loss 219,720 after one epoch of 24 steps, val_accuracy at chance);
+# - fine-tuning, they start as the pretraining data's, not the new data's: with weights pretrained
+#   on other images, the trainer's val_accuracy went 0.34-0.56, 0.40-0.71, 0.40-0.58 over its first
+#   three epochs at 0.99 (three runs) and 0.56, 0.78, 0.90 at 0.9 (benchmarks/time_to_accuracy.py's
+#   fine-tuning task, 12 steps an epoch). Those are epochs, not seconds: no machine's speed is in them.
+# At 0.9 the start weighs 0.08 after 24 steps. It is also PyTorch's default (its momentum 0.1 is
+# the new statistics' weight, the complement of Keras'), which torchvision's fine-tuning recipes use.
+BATCH_NORM_MOMENTUM = 0.9
 
 
 @tf.keras.utils.register_keras_serializable(package="trainer")
@@ -89,10 +96,9 @@ def build(num_classes: int, image_size: int, weights: str, architecture: str = "
             input_shape=(image_size, image_size, 3),
             pooling="avg",
         )
-        if weights == "none":
-            for layer in base.layers:
-                if isinstance(layer, tf.keras.layers.BatchNormalization):
-                    layer.momentum = SCRATCH_BATCH_NORM_MOMENTUM
+        for layer in base.layers:
+            if isinstance(layer, tf.keras.layers.BatchNormalization):
+                layer.momentum = BATCH_NORM_MOMENTUM
         x = base(x)
     elif architecture == "small":
         # A few conv layers: the same pipeline, strategy and save paths at a fraction of the cost,
@@ -136,8 +142,10 @@ def warmup_steps(weights: str, steps_per_epoch: int) -> int:
 
 
 def compile_model(model: tf.keras.Model, learning_rate: float, steps_per_execution: int, jit_compile: bool,
-                  warmup: int = 0) -> None:
-    """`warmup`: steps of linear learning-rate warm-up (warmup_steps), 0 for none."""
+                  warmup: int = 0, input_lanes: int = 1) -> None:
+    """`warmup`: steps of linear learning-rate warm-up (warmup_steps), 0 for none. Each train step
+    also measures its wait for input (trainer.input_wait; `input_lanes` replicas step side by
+    side), except under XLA, which cannot compile a timestamp."""
     rate = LinearWarmup(learning_rate, warmup) if warmup else learning_rate
     model.compile(
         optimizer=tf.keras.optimizers.Adam(rate),
@@ -146,6 +154,8 @@ def compile_model(model: tf.keras.Model, learning_rate: float, steps_per_executi
         steps_per_execution=steps_per_execution,
         jit_compile=jit_compile,
     )
+    if not jit_compile:
+        input_wait.install(model, input_lanes)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, exits, model as model_lib, outputs, precision, preemption, saving, sources, storage
+from trainer import (callbacks, data, exits, model as model_lib, outputs, precision, preemption, profiling, saving,
+                     sources, storage)
 from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
@@ -155,7 +156,7 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
     with strategy.scope():
         model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile,
-                                 model_lib.warmup_steps(config.weights, steps))
+                                 model_lib.warmup_steps(config.weights, steps), input_lanes=replicas)
 
     # First, so that a resumed run starts at the step it reached.
     backup = preemption.StepBackup(backup_dir(config), config.backup_every_steps, steps, cluster.is_chief,
@@ -170,6 +171,9 @@ def run(config: TrainConfig, cluster: Cluster, strategy_name: str) -> int:
     ]
     if cluster.is_chief:
         callback_list.append(callbacks.HypertuneReport(config.hypertune_metric))
+    if config.profile_steps and profiling.profiles_here(config.profile_tasks, cluster.is_chief):
+        callback_list.append(profiling.ProfileSteps(
+            profiling.log_dir(config.tensorboard_dir, cluster.task_name, cluster.is_chief), *config.profile_steps))
 
     try:
         with bad_data_stops_the_job(config, train_split.class_names):

@@ -22,7 +22,8 @@ import sys
 
 import tensorflow as tf
 
-from trainer import callbacks, data, exits, export, model as model_lib, precision, preemption, storage, strategy as strategy_lib, train
+from trainer import (callbacks, data, exits, export, model as model_lib, precision, preemption, profiling, storage,
+                     strategy as strategy_lib, train)
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 
@@ -89,8 +90,10 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
 
     with strategy.scope():
         model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
+        # Every worker steps on its own: the replicas stepping side by side are all of theirs.
         model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile,
-                                 model_lib.warmup_steps(config.weights, steps))
+                                 model_lib.warmup_steps(config.weights, steps),
+                                 input_lanes=(cluster.num_workers - 1) * strategy.num_replicas_in_sync)
     log.info("classes: %d (%s)", train_split.num_classes, ", ".join(train_split.class_names))
     log.info("variables sharded over ps: %s", describe_sharding(model))
 
@@ -103,6 +106,10 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         callbacks.EpochLog(config.epochs, with_metrics=True, num_classes=train_split.num_classes),
         callbacks.HypertuneReport(config.hypertune_metric),
     ]
+    if config.profile_steps:
+        # The coordinator's own side of the steps (the workers run them: trainer.profiling).
+        callback_list.append(profiling.ProfileSteps(profiling.log_dir(config.tensorboard_dir, cluster.task_name, True),
+                                                    *config.profile_steps))
     try:
         with train.bad_data_stops_the_job(config, train_split.class_names):
             model.fit(

@@ -1,5 +1,7 @@
 """benchmarks/machine.py: each benchmark's table goes to one file per machine kind, headed by the
-machine, the date and the command, so that no figure is read without the CPU it was measured on."""
+machine, the date and the command, so that no figure is read without the CPU it was measured on.
+benchmarks/rounds.py: a round whose cores changed is flagged, and ratios come from the measure
+that survives."""
 
 import sys
 
@@ -44,3 +46,39 @@ def test_write_results_replaces_this_kinds_file_with_heading_date_and_command(tm
 ])
 def test_command_line_is_the_command_as_run(argv, expected):
     assert machine.command_line("input_pipeline.py", argv) == expected
+
+
+import rounds  # noqa: E402
+
+
+def sample(rate: float, cores: float, images: int = 100) -> rounds.Sample:
+    wall = images / rate
+    return rounds.Sample(wall=wall, cpu=cores * wall, images=images, others=0.0, steal=0.0)
+
+
+def test_a_round_on_half_the_cores_is_flagged_and_the_ratio_comes_from_the_clean_rounds():
+    # Round 2: both configurations lost a core (a neighbour took it): half the wall rate, the same
+    # CPU per image. The ratio comes from rounds 1 and 3, where nothing was flagged.
+    table = {"lab": [sample(10, 2.0), sample(5, 1.0), sample(10, 2.0)],
+             "mine": [sample(20, 2.0), sample(10, 1.0), sample(21, 2.0)]}
+    assert rounds.flags(table["lab"]) == [False, True, False]
+    assert rounds.clean_rounds(table) == [True, False, True]
+    comparison = rounds.compare(table, "lab", "mine")
+    assert comparison.measure == "wall" and comparison.clean_rounds == 2 and comparison.value == 2.05
+
+
+def test_when_most_rounds_mix_regimes_the_ratio_comes_from_cpu_per_image():
+    # The regime changes within every other round: the wall ratios of rounds 2 and 4 are 4x and
+    # 1x where the work is 2x; CPU per image still says 2x.
+    table = {"lab": [sample(10, 2.0), sample(5, 1.0), sample(10, 2.0), sample(10, 2.0)],
+             "mine": [sample(20, 2.0), sample(20, 2.0), sample(10, 1.0), sample(10, 1.0)]}
+    comparison = rounds.compare(table, "lab", "mine")
+    assert comparison.clean_rounds < 2 and comparison.measure == "cpu"
+    assert abs(comparison.value - 2.0) < 1e-9
+    assert "CPU seconds per image" in comparison.describe()
+
+
+def test_a_sample_is_its_cores_and_rates():
+    s = rounds.Sample(wall=2.0, cpu=3.0, images=30, others=0.5, steal=0.0)
+    assert (s.rate, s.cpu_per_image, s.cores) == (15.0, 0.1, 1.5)
+
