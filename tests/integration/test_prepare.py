@@ -2,6 +2,8 @@
 
 import collections
 import json
+import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import tensorflow as tf
 
 from trainer import data, prepare, records, sources
 from trainer.config import DatasetSpec
+from helpers import REPO, clean_env
 
 
 def read_back(pattern):
@@ -184,3 +187,16 @@ def test_a_dataset_json_from_a_newer_format_is_refused(tmp_path):
     (tmp_path / "dataset.json").write_text(json.dumps({"format_version": 99, "class_names": ["a"]}))
     with pytest.raises(sources.DataError, match=r"format version 99 is newer than this trainer reads \(1\)"):
         sources.load(DatasetSpec("tfrecord", str(tmp_path / "*.tfrecord")), None, "train")
+
+
+def test_run_local_sh_generates_its_data_once_with_nothing_on_stderr(tmp_path):
+    """The data generation scripts/run_local.sh runs before its workers start, run as it is written
+    there (with HOME elsewhere, so the cache it fills is the test's)."""
+    script = (REPO / "scripts" / "run_local.sh").read_text()
+    command = re.search(r"^  (TF_CPP_MIN_LOG_LEVEL=1 \.venv/bin/python -c '.*?')$", script, re.M | re.S).group(1)
+    assert "relay.relay_stderr()" in command and "synthetic.ensure(sources.DEFAULT_CACHE_DIR" in command
+    result = subprocess.run(["bash", "-c", command], cwd=REPO, env=clean_env(HOME=str(tmp_path)),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
+    made = list((tmp_path / ".cache" / "cassava-trainer").glob("synthetic-v*-n*-seed0"))
+    assert len(made) == 1 and len(list(made[0].glob("train-*"))) == 8, made
