@@ -637,7 +637,7 @@ class JobSetRules:
                 job.finished = "Complete"
                 if self.succeeded():
                     return Outcome(0, "succeeded (successPolicy met)")
-            return self.stuck(run)
+            return None  # whether the JobSet is stuck is judged in tick, once every exit of this poll is in
         if job.restart_policy == "OnFailure":
             # pastBackoffLimitOnFailure: the containers' restarts, summed over the Job's pods.
             job.restarts_in_place += 1
@@ -692,7 +692,8 @@ class JobSetRules:
 
     def stuck(self, run: Run):
         """Nothing runs, nothing waits, and the successPolicy is not met: on a cluster the JobSet
-        would stay active for ever; the rehearsal ends instead."""
+        would stay active for ever; the rehearsal ends instead. Asked after every exit the runner
+        reaped in one poll has been judged: pods that end together can meet the policy together."""
         if run.running() or self.pending or len(self.launched) < len(self.rjobs):
             return None
         return Outcome(1, "every pod has ended, but the successPolicy is not met: on a cluster the JobSet would "
@@ -709,7 +710,7 @@ class JobSetRules:
                                        DEADLINE_EXIT, None)
         if len(self.launched) < len(self.rjobs):
             self.create_ready_jobs(run)
-        return None
+        return self.stuck(run)
 
 
 def parse_eviction(text: str) -> Fault:

@@ -407,7 +407,8 @@ class Rules(Protocol):
         """What a container's exit means. `fault`: the fault that took its machine, if one did."""
 
     def tick(self, run: Run, now: float) -> Outcome | Restart | None:
-        """What time alone decides (a deadline, a dependency now met); `now` is time.monotonic()."""
+        """What time and the whole poll decide (a deadline, a dependency now met, nothing left to run),
+        asked after every exit of the poll; `now` is time.monotonic()."""
 
 
 def drive(run: Run, rules: Rules, faults=()) -> Outcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -130,6 +131,16 @@ class RecordingRun:
     def exit(self, rules, key, code, fault=None):
         container = self.alive.pop(key)
         return rules.exited(self, container, code, fault)
+
+    def poll(self, rules, codes):
+        """As the runner's drive loop does: every container that ended since the last poll is
+        reaped at once, each exit is judged in turn, then tick. The first decision ends the poll."""
+        reaped = [(self.alive.pop(key), code) for key, code in codes.items()]
+        for container, code in reaped:
+            decision = rules.exited(self, container, code, None)
+            if decision is not None:
+                return decision
+        return rules.tick(self, time.monotonic())
 
 
 def rules_for(manifest):
@@ -329,6 +340,26 @@ def ordered(status="Ready"):
     ps["template"]["spec"].update(completions=1, parallelism=1)
     manifest["spec"]["replicatedJobs"] = [ps, {**main, "dependsOn": [{"name": "ps", "status": status}]}]
     return manifest
+
+
+def test_pods_that_end_in_the_same_poll_meet_the_success_policy_together():
+    """All of them exit 0 between two polls: the first exit judged leaves no container running,
+    yet the JobSet is not stuck, as the other exits of the poll complete its Jobs."""
+    manifest = hand_written()
+    manifest["spec"]["replicatedJobs"].append({**copy.deepcopy(manifest["spec"]["replicatedJobs"][0]), "name": "side"})
+    rules, _ = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    outcome = run.poll(rules, {key: 0 for key in list(run.alive)})
+    assert isinstance(outcome, jobset.Outcome) and outcome.code == 0, outcome
+
+
+def test_pods_still_running_after_a_poll_keep_the_jobset_waiting():
+    rules, _ = rules_for(hand_written())
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert run.poll(rules, {"demo-main-0-0": 0}) is None
+    assert run.poll(rules, {"demo-main-0-1": 0}).code == 0
 
 
 def test_depends_on_creates_a_replicated_jobs_pods_once_its_dependency_is_ready():
