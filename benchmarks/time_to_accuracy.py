@@ -359,8 +359,8 @@ def report(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: 
     lines = [
         f"machine: {cpu_model()}",
         f"task: synthetic:{args.images} ({max(8, args.images // 4)} validation images), {args.image_size} px, "
-        f"{args.batch} per replica, {args.workers} worker(s); 5 classes, chance 0.20. The machine was shared with "
-        f"other work while this ran: `others' cores` says how much, per run.",
+        f"{args.batch} per replica, {args.workers} worker(s); 5 classes, chance 0.20. `others' cores`: what other "
+        f"processes on the machine used while each run ran (0 on a quiet machine).",
         "",
         f"## Fine-tuning, the lab's own setting: both from the same pretrained weights, to val_accuracy {args.target:.2f}",
         "",

@@ -168,8 +168,8 @@ def main(argv=None) -> int:
                f"(batch {args.batch}, {args.image_size} px, {args.rounds} rounds of {args.steps} steps, "
                f"from {over_lab.measure})")
     if args.results_dir:
-        body = (f"TensorFlow {tf.__version__}; {device_line[len('device: '):]}. The machine was shared with other "
-                f"work while this ran: the `others' cores` column says how much.\n\n" + "\n".join(lines)
+        body = (f"TensorFlow {tf.__version__}; {device_line[len('device: '):]}. The `others' cores` column: what other "
+                f"processes on the machine used while each configuration ran (0 on a quiet machine).\n\n" + "\n".join(lines)
                 + "\n\n" + "\n".join(per_round) + f"\n\n{measure_line}\n\n`{summary}`")
         path = write_results("train_step", command_line("train_step.py", argv), datetime.date.today().isoformat(),
                              body, args.results_dir)
