@@ -24,6 +24,7 @@ import dataclasses
 import os
 import resource
 import statistics
+import time
 
 CORES_TOLERANCE = 0.25
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -100,17 +101,17 @@ class Timer:
         self.read_cpu = cpu
         self.baseline = baseline
 
-    def __enter__(self):
-        import time
-
-        self._time = time.perf_counter
-        self.started = self._time()
+    def start(self) -> "Timer":
+        self.started = time.perf_counter()
         self.cpu_before = self.read_cpu() if self.baseline is None else self.baseline
         self.busy_before, self.steal_before = machine_cpu()
         return self
 
+    def __enter__(self):
+        return self.start()
+
     def sample(self, images: int) -> Sample:
-        wall = self._time() - self.started
+        wall = time.perf_counter() - self.started
         cpu = self.read_cpu() - self.cpu_before
         busy, steal = machine_cpu()
         others = max(0.0, (busy - self.busy_before) - cpu) / wall

@@ -24,9 +24,10 @@ cassava-like TFRecords (`synthetic:N`, 5 classes, chance 0.20):
            default except the sizes below: learning rate auto, batch-norm momentum,
            --mixed-precision auto, its input pipeline, cache and augmentation.
 
-Only the sizes are shared and set here, smaller than both recipes' own (300 px, 64 per replica),
-so that the whole benchmark fits a quarter of an hour on 2 cores: --images, --image-size,
---batch per replica. Each clock starts when the job's processes are started (start-up, tracing
+Only the sizes are shared and set here (--images, --image-size, --batch per replica), smaller
+than both recipes' own (300 px, 64 per replica), so that the whole benchmark fits about half an
+hour on 2 cores with its defaults (29 min on the EPYC family 25 model 17, most of it the lab's
+runs reaching --max-seconds). Each clock starts when the job's processes are started (start-up, tracing
 and the first epoch's decoding count, as they do for a user) and stops at the end of the first
 epoch whose val_accuracy reaches the target; the job is then stopped. A recipe that has not
 reached it within --max-epochs or --max-seconds is stopped there, and its round's ratio becomes
@@ -58,6 +59,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -214,7 +216,7 @@ def run_lab(args, data_dir: str, weights: str, target: float) -> Run:
     cluster, tasks = launch.plan_cluster(args.workers, 0, False, launch.free_ports(args.workers))
     started = time.monotonic()
     processes = []
-    clock = rounds_lib.Timer(lambda: sum(rounds_lib.tree_cpu_seconds(p.pid) for p in processes), baseline=0.0).__enter__()
+    clock = rounds_lib.Timer(lambda: sum(rounds_lib.tree_cpu_seconds(p.pid) for p in processes), baseline=0.0).start()
     for task in tasks:
         env = dict(os.environ, PYTHONPATH=REPO)
         if args.workers > 1:
@@ -236,8 +238,6 @@ def run_lab(args, data_dir: str, weights: str, target: float) -> Run:
 
 
 def run_trainer(args, data_root: str, work: str, weights: str, target: float) -> Run:
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)  # a fresh job: no backup to resume from
     started = time.monotonic()
     launcher = subprocess.Popen(
@@ -247,7 +247,7 @@ def run_trainer(args, data_root: str, work: str, weights: str, target: float) ->
          "--model-dir", os.path.join(work, "model")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
         env=dict(os.environ, PYTHONPATH=REPO))
-    clock = rounds_lib.Timer(lambda: rounds_lib.tree_cpu_seconds(launcher.pid), baseline=0.0).__enter__()
+    clock = rounds_lib.Timer(lambda: rounds_lib.tree_cpu_seconds(launcher.pid), baseline=0.0).start()
     policy = []
 
     def parse(line):

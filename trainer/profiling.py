@@ -27,6 +27,7 @@ import tensorflow as tf
 
 log = logging.getLogger("trainer")
 
+
 def log_dir(tensorboard_dir: str, task_name: str, is_chief: bool) -> str:
     """Where this task's trace goes: TENSORBOARD_DIR/train on the chief, train-TASK elsewhere."""
     return f"{tensorboard_dir.rstrip('/')}/" + ("train" if is_chief else f"train-{task_name}")
