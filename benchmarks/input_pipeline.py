@@ -6,7 +6,7 @@
 One process, the same generated TFRecords (600x450 JPEG, quality 90) for every measurement.
 For N = 1, 2 and 4 simulated workers it times worker 0 with:
   baseline  the lab's pipeline (see `lab_pipeline`), DATA sharding;
-  trainer   trainer.data.make_dataset, as training uses it (cache on);
+  trainer   cassava.data.make_dataset, as training uses it (cache on);
   limit     decoding worker 0's share of the JPEGs and nothing else;
   bucket    the trainer's pipeline reading the same files from a Cloud Storage bucket: the local
             server (scripts/rehearsal/local_gcs.py, in a process of its own) delays every request by
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import trainer  # noqa: E402,F401  (selects tf-keras before TensorFlow is imported)
 from trainer import storage  # noqa: E402
 
-# What trainer.task sets before TensorFlow starts: the GCS client reads these when TensorFlow
+# What cassava.task sets before TensorFlow starts: the GCS client reads these when TensorFlow
 # loads, so setting them later (say, when the bucket is made) leaves the client on its defaults
 # and measures a client the trainer never runs.
 for _key, _value in storage.CLIENT_ENVIRONMENT.items():
@@ -46,7 +46,7 @@ for _key, _value in storage.CLIENT_ENVIRONMENT.items():
 
 import tensorflow as tf  # noqa: E402
 
-from trainer import data, records, synthetic  # noqa: E402
+from cassava import data, records, synthetic  # noqa: E402
 # benchmarks/ is first on the path when this runs as a script
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
 
@@ -114,7 +114,7 @@ def host_resize_ceiling(files: list[str], images: int = 128) -> tuple[float, flo
     """What resizing on the host costs, whatever the pipeline around it.
 
     Times one thread decoding `images` JPEGs, and decoding plus resizing them as the trainer does
-    (trainer.data.decode_resize). Their ratio bounds epoch 1 of ANY pipeline that resizes on the
+    (cassava.data.decode_resize). Their ratio bounds epoch 1 of ANY pipeline that resizes on the
     host against the decode-only limit, before caching, augmenting or batching cost anything.
     Returns (decode ms, decode and resize ms, ceiling).
     """
@@ -198,7 +198,7 @@ def finish(dataset: tf.data.Dataset, tuned: bool, batched: bool = False) -> tf.d
 
 def stage_pipelines(split: data.Split) -> list[tuple[str, object]]:
     """The trainer's pipeline for one worker, built up one stage at a time from the pieces in
-    trainer.data, the last being make_dataset itself: what each stage costs in epoch 1 is the drop
+    cassava.data, the last being make_dataset itself: what each stage costs in epoch 1 is the drop
     from the row before. The first three decode in a parallel map fused with its batch, which
     cannot drop an undecodable image; the fourth decodes per window, as the trainer does."""
     context = tf.distribute.InputContext()
@@ -246,7 +246,7 @@ def stage_costs(files: list[str], num_images: int, repeats: int) -> list[tuple[s
 
 def resize_orders(files: list[str], num_images: int, repeats: int) -> dict[str, tuple[float, float]]:
     """The two orders of the host resize, in the pipeline at N=1: bilinear on the decoded uint8
-    image (the trainer's, trainer.data.decode_resize) and on a float32 copy of it. They give the
+    image (the trainer's, cassava.data.decode_resize) and on a float32 copy of it. They give the
     same pixels; which is cheaper depends on the CPU and its memory. One thread alone resizes the
     copy sooner, but the copy is four times the decoded image's bytes, and with decoders sharing
     the memory bus writing it can cost more than the kernel saves (it does on the EPYC family 26),

@@ -103,7 +103,7 @@ def pretrain(args) -> None:
     x = tf.keras.applications.resnet50.preprocess_input(tf.cast(images, tf.float32))
     base = tf.keras.applications.ResNet50(include_top=False, weights=None, pooling="avg",
                                          input_shape=(args.image_size, args.image_size, 3))
-    for layer in base.layers:  # from scratch: statistics that follow the weights (trainer.model)
+    for layer in base.layers:  # from scratch: statistics that follow the weights (cassava.model)
         if isinstance(layer, tf.keras.layers.BatchNormalization):
             layer.momentum = 0.9
     outputs = tf.keras.layers.Dense(len(CLASSES), activation="softmax", dtype="float32")(base(x))

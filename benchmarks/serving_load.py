@@ -1,14 +1,14 @@
-"""The prediction server under load, beside trainer.predict's in-process batch rate on the same images.
+"""The prediction server under load, beside serving.predict's in-process batch rate on the same images.
 
     python benchmarks/serving_load.py [--architecture resnet50] [--image-size 300] [--concurrency 1,8,32]
                                       [--seconds 20] [--soak-seconds 60] [--results-dir DIR]
 
 One run: a model of the given architecture (random weights: the time per image does not depend on
-them) is exported as a training job exports it, and `python -m trainer.server` (the prediction
+them) is exported as a training job exports it, and `python -m serving.server` (the prediction
 image's entry point, run here as a process) serves it on 127.0.0.1. Clients with one connection
 each send Vertex AI requests of one generated 600x450 JPEG (`--instances` per request), back to
 back, for `--seconds` at each concurrency; requests/s, images/s and the p50 and p99 latency are
-printed for each, and their ratio over the ceiling: `trainer.predict`'s rate on the same images,
+printed for each, and their ratio over the ceiling: `serving.predict`'s rate on the same images,
 batches of 32 through the same signature in this process, with no HTTP, no JSON and no base64.
 Each level runs between two measurements of the ceiling, and its ratio is over their mean: on a
 shared machine, the load of the moment shifts both alike.
@@ -50,7 +50,8 @@ HEALTH = "/health"
 def export_model(directory: str, architecture: str, image_size: int) -> str:
     """A model built and exported as a training job's export is, with random weights."""
     import trainer  # noqa: F401  (legacy Keras first)
-    from trainer import model as model_lib, saving, serving, synthetic
+    from cassava import model as model_lib, signature as serving, synthetic
+    from trainer import saving
 
     with model_lib.float32_policy():
         model = model_lib.build(len(synthetic.CLASS_NAMES), image_size, "none", architecture, 0)
@@ -64,17 +65,17 @@ def photos(count: int) -> list[bytes]:
     import numpy as np
     import tensorflow as tf
 
-    from trainer import synthetic
+    from cassava import synthetic
 
     rng = np.random.default_rng(0)
     return [tf.io.encode_jpeg(synthetic.make_image(rng, i % 5, size=(450, 600)), quality=90).numpy() for i in range(count)]
 
 
 class Ceiling:
-    """trainer.predict's images/s in this process: classify() over the images, again and again."""
+    """serving.predict's images/s in this process: classify() over the images, again and again."""
 
     def __init__(self, model_dir: str, images: list[bytes]):
-        from trainer import predict
+        from serving import predict
 
         self.predict, self.images = predict, images
         self.signature = predict.load_signature(model_dir)
@@ -98,7 +99,7 @@ def start_server(model_dir: str, port: int, log_path: str, max_batch: int) -> su
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
     env["PYTHONPATH"] = REPO
     log = open(log_path, "w")
-    server = subprocess.Popen([sys.executable, "-m", "trainer.server", "--model-dir", model_dir, "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "serving.server", "--model-dir", model_dir, "--port", str(port),
                                "--health-route", HEALTH, "--predict-route", PREDICT, "--max-connections", "256",
                                "--max-batch", str(max_batch)],
                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -188,8 +189,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--architecture", default="resnet50", help="trainer.task's --architecture")
-    parser.add_argument("--image-size", type=int, default=300, help="trainer.task's --image-size (its default)")
+    parser.add_argument("--architecture", default="resnet50", help="cassava.task's --architecture")
+    parser.add_argument("--image-size", type=int, default=300, help="cassava.task's --image-size (its default)")
     parser.add_argument("--images", type=int, default=64, help="distinct generated photos the clients cycle through")
     parser.add_argument("--instances", type=int, default=1, help="images per request")
     parser.add_argument("--concurrency", default="1,8,32", help="clients at once, one level after another")
@@ -228,7 +229,7 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
         # Each level between two measurements of the ceiling: on a shared machine the load of the
         # moment shifts both alike, and each ratio is taken against the ceiling around it.
         ceilings = [ceiling.measure(args.seconds)]
-        print(f"ceiling (trainer.predict in-process, batches of 32): {ceilings[-1]:.2f} images/s", flush=True)
+        print(f"ceiling (serving.predict in-process, batches of 32): {ceilings[-1]:.2f} images/s", flush=True)
         results = []
         for concurrency in levels:
             results.append(load.run(concurrency, args.seconds))
@@ -237,7 +238,7 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
             r["ceiling"] = (ceilings[-2] + ceilings[-1]) / 2
             print(f"concurrency {concurrency}: {r['requests_per_s']:.2f} requests/s, {r['images_per_s']:.2f} images/s, "
                   f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {len(r['errors'])} errors", flush=True)
-            print(f"ceiling (trainer.predict in-process, batches of 32): {ceilings[-1]:.2f} images/s", flush=True)
+            print(f"ceiling (serving.predict in-process, batches of 32): {ceilings[-1]:.2f} images/s", flush=True)
         samples: list[tuple[float, int]] = []
         last = [-1.0]
 
@@ -281,7 +282,7 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
     if args.results_dir:
         body = (f"{args.architecture} at {args.image_size} px (random weights), TensorFlow {tf.__version__}; each request "
                 f"{args.instances} generated 600x450 JPEG(s); {args.seconds:g} s per row, each between two "
-                f"{args.seconds:g} s measurements of the ceiling (trainer.predict in-process, batches of 32, on the same "
+                f"{args.seconds:g} s measurements of the ceiling (serving.predict in-process, batches of 32, on the same "
                 f"images: {', '.join(f'{c:.2f}' for c in ceilings)} images/s in order). Clients and server share this "
                 f"machine's {os.cpu_count()} CPUs; the server's --max-batch is {args.max_batch}. {shared}\n\n"
                 + "\n".join(table) + f"\n\n{soak_line}\n\n`{summary}`")

@@ -107,7 +107,7 @@ def lab_task(args) -> int:
     import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported, as the trainer does)
     import tensorflow as tf
 
-    from trainer import data
+    from cassava import data
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     tf.keras.utils.set_random_seed(args.seed)
@@ -242,7 +242,7 @@ def run_trainer(args, data_root: str, work: str, weights: str, target: float) ->
     started = time.monotonic()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "trainer.launch", "--workers", str(args.workers), "--work-dir", os.path.join(work, "launch"),
-         "--", "--dataset", f"synthetic:{args.images}", "--data-dir", data_root, "--image-size", str(args.image_size),
+         "--", "python", "-m", "cassava.task", "--dataset", f"synthetic:{args.images}", "--data-dir", data_root, "--image-size", str(args.image_size),
          "--per-replica-batch-size", str(args.batch), "--epochs", str(args.max_epochs), "--weights", weights,
          "--model-dir", os.path.join(work, "model")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
@@ -435,7 +435,7 @@ def main(argv=None) -> int:
         return 2
 
     import trainer  # noqa: F401
-    from trainer import synthetic
+    from cassava import synthetic
 
     print(f"machine: {cpu_model()}", flush=True)
     if args.weights:

@@ -57,7 +57,7 @@ def lab_model(image_size: int) -> tf.keras.Model:
 
 def trainer_model(policy: str, jit_compile: bool, image_size: int, steps_per_execution: int) -> tf.keras.Model:
     """The trainer's own ResNet50 + head under `policy`, compiled as a job compiles it."""
-    from trainer import model as model_lib
+    from cassava import model as model_lib
 
     tf.keras.mixed_precision.set_global_policy(policy)
     try:

@@ -13,11 +13,11 @@ No credentials, no network. Without --dry-run it sends them (google-cloud-aiplat
 `local` runs the same Model on this machine as Vertex would run it (scripts/rehearsal/endpoint.py):
 the prediction image, given the variables Vertex gives a deployed model's container, with the
 model read from a local Cloud Storage server at its gs:// URI, and its port published on
-127.0.0.1 only. With --request it sends that request body (`python -m trainer.predict MODEL
+127.0.0.1 only. With --request it sends that request body (`python -m serving.predict MODEL
 IMAGE... --vertex-request` writes one), prints the answer and stops; without, it serves until
 Ctrl-C. Everything it starts is removed when it ends.
 
-Arguments after `--` go to the server (`python -m trainer.server --help`: its limits).
+Arguments after `--` go to the server (`python -m serving.server --help`: its limits).
 An inconsistent request is one line on stderr and exit code 2.
 """
 
@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_server_args(args: list[str]) -> None:
-    """The arguments after -- must be ones trainer.server takes (it is not imported with TensorFlow)."""
-    from trainer import server
+    """The arguments after -- must be ones serving.server takes (it is not imported with TensorFlow)."""
+    from serving import server
 
     said = io.StringIO()
     try:
@@ -92,7 +92,7 @@ def check_server_args(args: list[str]) -> None:
             server.build_parser({}).parse_args(args)
     except SystemExit as stop:
         if stop.code:
-            raise modelspec.SpecError(f"after --: {said.getvalue().strip().removeprefix('python -m trainer.server: error: ')}") from None
+            raise modelspec.SpecError(f"after --: {said.getvalue().strip().removeprefix('python -m serving.server: error: ')}") from None
 
 
 def deployment_of(args, server_args: list[str]) -> modelspec.Deployment:

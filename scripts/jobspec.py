@@ -19,7 +19,7 @@ from trainer import cluster as trainer_cluster  # imports no TensorFlow
 # Kubernetes restarts a TFJob's pods at most this often (runPolicy.backoffLimit) before the job fails.
 DEFAULT_MAX_RESTARTS = 5
 # TFJob restartPolicy: ExitCode restarts only on the retryable codes (130, 137, 138, 143), which
-# trainer.task uses for a lost cluster or a preemption; its configuration errors (2) and bugs
+# cassava.task uses for a lost cluster or a preemption; its configuration errors (2) and bugs
 # (1) fail the job at once instead of restarting forever, as OnFailure would.
 TFJOB_RESTART_POLICY = "ExitCode"
 

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="jobset: the Kueue LocalQueue that admits the JobSet (label kueue.x-k8s.io/queue-name)")
     tuning = parser.add_argument_group("tuning (hptune; ai-platform with --tune)")
     tuning.add_argument("--tune", action="store_true", help="ai-platform: add a hyperparameters block")
-    tuning.add_argument("--metric", default="accuracy", help="the tag trainer.task reports (--hypertune-metric)")
+    tuning.add_argument("--metric", default="accuracy", help="the tag cassava.task reports (--hypertune-metric)")
     tuning.add_argument("--goal", choices=("MAXIMIZE", "MINIMIZE"), default="MAXIMIZE")
     tuning.add_argument("--max-trials", type=int, default=8)
     tuning.add_argument("--parallel-trials", type=int, default=2)
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         except jobspec.SpecError as error:
             print(f"submit_job: error: {error}", file=sys.stderr)
             return 2
-    # Everything after `--` goes to trainer.task untouched.
+    # Everything after `--` goes to cassava.task untouched.
     split = argv.index("--") if "--" in argv else len(argv)
     args = build_parser().parse_args(argv[:split])
     args.trainer_args = argv[split + 1:]

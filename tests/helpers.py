@@ -132,7 +132,7 @@ _SERVE_SCRIPT = """
 import json, sys
 import numpy as np
 import trainer, tensorflow as tf
-from trainer import synthetic
+from cassava import synthetic
 rng = np.random.default_rng(0)
 photos = [tf.io.encode_jpeg(synthetic.make_image(rng, i % 5, size=(120 + 40 * i, 160))).numpy() for i in range(int(sys.argv[2]))]
 outputs = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](image_bytes=tf.constant(photos))
@@ -174,12 +174,12 @@ def resumed_at(output: str, task: str | None = "chief-0") -> tuple[int, int] | N
 
 
 def write_image_folder(root: Path, per_class: int = 8) -> Path:
-    """A folder per class of small JPEGs, as a user's own images would come (trainer.prepare's folder: source)."""
+    """A folder per class of small JPEGs, as a user's own images would come (cassava.prepare's folder: source)."""
     import numpy as np
 
     import trainer  # noqa: F401  (first: it sets TensorFlow's environment)
     import tensorflow as tf
-    from trainer import synthetic
+    from cassava import synthetic
 
     rng = np.random.default_rng(0)
     for label, name in enumerate(synthetic.CLASS_NAMES):
@@ -194,8 +194,8 @@ def assert_bad_data_stop_said(stderr: str) -> None:
     """A `--max-bad-examples 3` stop on stderr: each image skipped named, then the job's own line,
     last and the only error line, and no traceback."""
     lines = stderr.splitlines()
-    assert lines[-1] == ("trainer.task: error: more than 3 undecodable images in one pass over this task's data "
+    assert lines[-1] == ("cassava.task: error: more than 3 undecodable images in one pass over this task's data "
                          "(--max-bad-examples); the images skipped are named above"), stderr[-3000:]
-    assert [line for line in lines if "trainer.task: error:" in line] == lines[-1:]
+    assert [line for line in lines if "cassava.task: error:" in line] == lines[-1:]
     assert len([line for line in lines if re.search(r'trainer: skipping undecodable image "broken-\d"', line)]) >= 3
     assert "Traceback" not in stderr

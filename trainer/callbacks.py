@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import tensorflow as tf
 
@@ -23,11 +24,13 @@ class EpochLog(tf.keras.callbacks.Callback):
     After the metrics, a line says what share of the steps' time went to waiting for input
     (trainer.input_wait)."""
 
-    def __init__(self, epochs: int, with_metrics: bool = True, num_classes: int | None = None):
+    def __init__(self, epochs: int, with_metrics: bool = True, summary: Callable[[dict], str | None] | None = None):
+        """`summary`: from the last epoch's metrics, a line to log at the end (the task's
+        `final_summary`), or None."""
         super().__init__()
         self.epochs = epochs
         self.with_metrics = with_metrics
-        self.num_classes = num_classes
+        self.summary = summary
         self.started = time.monotonic()
         self.last_logs: dict = {}
 
@@ -49,28 +52,10 @@ class EpochLog(tf.keras.callbacks.Callback):
 
 
     def on_train_end(self, logs=None):
-        if self.with_metrics and self.num_classes:
-            line = accuracy_meaning(self.last_logs, self.num_classes)
+        if self.with_metrics and self.summary:
+            line = self.summary(self.last_logs)
             if line:
                 log.info("%s", line)
-
-
-def accuracy_meaning(logs: dict, num_classes: int) -> str | None:
-    """One line saying what the last epoch's accuracy means: a share of images classified right,
-    against what guessing would score. A newcomer cannot tell 0.2 from learning without it."""
-    name = "val_accuracy" if "val_accuracy" in logs else "accuracy" if "accuracy" in logs else None
-    if name is None:
-        return None
-    value, chance = float(logs[name]), 1.0 / num_classes
-    images = "validation images" if name == "val_accuracy" else "training images (no validation data)"
-    if value >= 2 * chance:
-        verdict = f"{value / chance:.1f}x chance: the model learned"
-    elif value > 1.25 * chance:
-        verdict = "above chance but not far: train longer or on more data"
-    else:
-        verdict = "no better than guessing: the model has not learned (yet)"
-    return (f"final {name}={value:.4f}: the share of {images} whose class the model ranks first; "
-            f"guessing among {num_classes} classes scores {chance:.2f}, so this is {verdict}")
 
 
 class HypertuneReport(tf.keras.callbacks.Callback):

@@ -16,9 +16,10 @@ import time
 
 import tensorflow as tf
 
-from trainer import data, export, outputs, precision, sources, train
+from trainer import outputs, plan, precision, saving
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
+from trainer.tasks import DataError, Task
 
 log = logging.getLogger("trainer")
 POLL_SECONDS = 2.0
@@ -49,15 +50,18 @@ def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: floa
         time.sleep(POLL_SECONDS)
 
 
-def run(config: TrainConfig, cluster: Cluster) -> int:
-    eval_spec = config.eval_dataset or sources.default_validation(config.dataset)
-    if eval_spec is None:
-        raise sources.DataError(f"the evaluator needs validation data: --dataset {config.dataset} has none, pass --eval-dataset")
+def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
+    """`name`: the command's name, for its error lines."""
     # Variables are float32 under every policy, so any training policy's checkpoints load here.
     precision.apply(config.mixed_precision)
-    split = sources.load(eval_spec, config.data_dir, "validation")
-    options = train.pipeline_options(config, split, training=False, num_pipelines=1)
-    dataset = data.make_dataset(split, options)
+    task.prepare(config.task_flags)
+    run_info = plan.make_run(config, cluster, "evaluator", replicas_in_sync=1, num_input_pipelines=1,
+                             steps_per_epoch=config.steps_per_epoch or 1,
+                             validation_steps=config.validation_steps, shuffle_seed=config.seed)
+    dataset = task.validation_dataset(run_info, tf.distribute.InputContext())
+    if dataset is None:
+        raise DataError(f"the evaluator needs validation data, and the {task.name} task has none with these flags")
+    steps = config.validation_steps  # None: the whole validation dataset, which is not repeated here
     writer = tf.summary.create_file_writer(outputs.join(config.tensorboard_dir, "eval"))
     log.info("evaluator: watching %s for epochs up to %d", config.checkpoint_dir, config.epochs)
 
@@ -66,21 +70,26 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         try:
             checkpoint = wait_for_new_checkpoint(config.checkpoint_dir, last_epoch, config.eval_timeout)
         except EvaluatorTimeout as error:
-            print(f"trainer.task: error: evaluator: {error}", file=sys.stderr)
+            print(f"{name}: error: evaluator: {error}", file=sys.stderr)
             return 2
         try:
-            model = export.load_checkpoint(config, split.num_classes, checkpoint)
+            model = saving.model_from_checkpoint(task, run_info, checkpoint)
         except (tf.errors.OpError, ValueError) as error:
             # Training may replace a checkpoint while it is read; the next one will do.
             log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint, error)
             continue
-        model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-        with train.bad_data_stops_the_job(config, split.class_names):
-            results = model.evaluate(dataset, steps=config.validation_steps, return_dict=True, verbose=0)
+        model.compile(loss=task.loss(run_info), metrics=task.metrics(run_info))
+        try:
+            results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)
+        except Exception as error:
+            line = task.describe_error(error, run_info)
+            if line is None:
+                raise
+            raise DataError(line) from None
         last_epoch = checkpoint_epoch(checkpoint)
         with writer.as_default(step=last_epoch):
-            for name, value in results.items():
-                tf.summary.scalar(f"eval_{name}", value)
+            for metric, value in results.items():
+                tf.summary.scalar(f"eval_{metric}", value)
         writer.flush()
         log.info("evaluator: epoch %d: %s", last_epoch, " ".join(f"{k}={v:.4f}" for k, v in sorted(results.items())))
     log.info("evaluator: evaluated the final checkpoint (epoch %d)", last_epoch)

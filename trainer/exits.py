@@ -1,4 +1,4 @@
-"""The exit-code contract: what each code of `python -m trainer.task` means to the platform that
+"""The exit-code contract: what each code of `python -m cassava.task` means to the platform that
 decides whether to restart it.
 
 | code | meaning                                                    | a restart ...        |

@@ -1,6 +1,10 @@
-"""Runs a whole multi-worker job on one machine, one `trainer.task` process per task.
+"""Runs a whole multi-worker job on one machine, one process per task, each running COMMAND.
 
-    python -m trainer.launch --workers N [--ps M] [--evaluator] [--timeout S] -- TASK_ARGS
+    python -m trainer.launch --workers N [--ps M] [--evaluator] [--timeout S] -- COMMAND [ARGS]
+
+COMMAND is any program that reads its cluster from TF_CONFIG: `python -m cassava.task FLAGS`,
+`python -m trainer.fit --task MODULE FLAGS`, `python my_script.py`. A leading `python` or
+`python3` runs this launcher's own interpreter, so the tasks see the same packages.
 
 Without --ps this is a MultiWorkerMirrored job of N training workers: chief-0 plus worker-0 ..
 worker-(N-2). With --ps it is a ParameterServer job: chief-0 coordinates, N workers and M
@@ -96,11 +100,11 @@ def free_ports(count: int) -> list[int]:
 
 
 class Job:
-    def __init__(self, cluster: dict, tasks: list[TaskSpec], task_args: list[str], work_dir: str, parameter_server: bool,
+    def __init__(self, cluster: dict, tasks: list[TaskSpec], command: list[str], work_dir: str, parameter_server: bool,
                  grace: float = DEFAULT_GRACE_SECONDS, all_logs: bool = False):
         self.cluster = cluster
         self.tasks = tasks
-        self.task_args = task_args
+        self.command = command
         self.work_dir = work_dir
         self.parameter_server = parameter_server
         self.grace = grace
@@ -127,7 +131,7 @@ class Job:
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
         env["PYTHONUNBUFFERED"] = "1"
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainer.task", *self.task_args],
+            self.command,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -243,10 +247,18 @@ def _signal(process: subprocess.Popen, signum: int) -> None:
         pass
 
 
+def task_command(words: Sequence[str]) -> list[str]:
+    """The command as given, a leading `python`/`python3` replaced by this interpreter."""
+    words = list(words)
+    if words and words[0] in ("python", "python3"):
+        words[0] = sys.executable
+    return words
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.launch",
-        description="Run a multi-worker trainer.task job locally; arguments after -- go to every task.",
+        description="Run a multi-worker job locally: every task runs the command after --, with its own TF_CONFIG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     positive = lambda text: _bounded_int(text, 1)  # noqa: E731
@@ -261,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also relay the known-harmless TensorFlow lines every task prints (trainer/relay.py)")
     parser.add_argument("--work-dir", default=None,
                         help="per-task scratch dirs (TMPDIR, hypertune metrics); default a temp dir, removed at the end")
-    parser.add_argument("task_args", nargs=argparse.REMAINDER, help="-- then trainer.task flags")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- then the command every task runs, e.g. python -m cassava.task --epochs 1")
     return parser
 
 
@@ -276,13 +289,16 @@ def _bounded_int(text: str, minimum: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    task_args = args.task_args[1:] if args.task_args[:1] == ["--"] else args.task_args
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = task_command(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    if not command:
+        parser.error("no command: give it after --, e.g. -- python -m cassava.task --epochs 1")
     cluster_size = 1 + (args.workers + args.ps if args.ps else args.workers - 1)
     cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, free_ports(cluster_size))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
-    job = Job(cluster, tasks, task_args, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,
+    job = Job(cluster, tasks, command, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,
               all_logs=args.all_logs)
     job.say(f"cluster {json.dumps(cluster)}; scratch in {work_dir}")
 

@@ -75,3 +75,13 @@ def join(*parts: str) -> str:
     for part in rest:
         head = f"{head.rstrip('/')}/{part.lstrip('/')}"
     return head
+
+
+def backup_dir(checkpoint_dir: str) -> str:
+    """The preemption backup (trainer.preemption), shared by every task of the job."""
+    return join(checkpoint_dir, "backup")
+
+
+def checkpoint_pattern(checkpoint_dir: str) -> str:
+    """Per-epoch weights, which the side-car evaluator watches for and a PSS export restores."""
+    return join(checkpoint_dir, "epoch-{epoch:04d}")

@@ -20,9 +20,10 @@ checkpoints load into a model built under any policy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 log = logging.getLogger("trainer")
 
@@ -208,3 +209,17 @@ def apply(requested: str, agree=None, measure=measure_cpu) -> str:
         keras_log.setLevel(level)
     log.info("precision: %s (%s)", choice.policy, choice.reason)
     return choice.policy
+
+
+@contextlib.contextmanager
+def float32_policy() -> Iterator[None]:
+    """Keras layers built inside compute in float32, whatever policy the job trains in: what an
+    export or an evaluation builds (the variables are float32 under every policy)."""
+    import tensorflow as tf
+
+    trained_in = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("float32")
+    try:
+        yield
+    finally:
+        tf.keras.mixed_precision.set_global_policy(trained_in)

@@ -43,7 +43,7 @@ def is_harmless(line: str) -> bool:
     return _HARMLESS.search(line) is not None
 
 
-# The images set it (Dockerfile.cpu, Dockerfile.gpu): `python -m trainer.task` then runs under
+# The images set it (Dockerfile.cpu, Dockerfile.gpu): `python -m cassava.task` then runs under
 # relay_stderr. Anywhere else the process is left as it is started (trainer.launch filters what
 # it relays itself and clears the variable for its tasks).
 RELAY_VARIABLE = "TRAINER_RELAY_STDERR"

@@ -1,11 +1,15 @@
-"""Saving the final model from every worker of a synchronous job.
+"""Saving the trained model: from every worker of a synchronous job, or from a ParameterServer
+job's checkpoint.
 
-What is saved is `trainer.model.float32_copy` of the trained model, and making it is a collective
-under MultiWorkerMirroredStrategy (reading batch normalisation's statistics is a mean over the
-workers), so every worker makes it. Every worker then saves it in MultiWorkerMirroredStrategy's
-documented pattern (made for saving the distributed model, itself a collective): the chief into
-the model dir, each other worker into a private temporary directory on its own disk, deleted at
-once. (The lab saved those copies next to the real model, in the bucket, one per worker per job.)
+Under MultiWorkerMirroredStrategy saving is a collective, so every worker calls the task's
+`export`, in MultiWorkerMirroredStrategy's documented pattern: the chief into the model dir, each
+other worker into a private temporary directory on its own disk, deleted at once. (The lab saved
+those copies next to the real model, in the bucket, one per worker per job.)
+
+A ParameterServerStrategy model holds sharded variables, and a SavedModel of sharded variables
+cannot be loaded back with tf.saved_model.load. Checkpoints store each sharded variable whole, so
+the coordinator builds the task's model outside any strategy, restores the final epoch's
+checkpoint into it and exports that.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Iterator
 
 import tensorflow as tf
 
-from trainer import model as model_lib, serving
+from trainer import precision
 from trainer.cluster import Cluster
-from trainer.config import TrainConfig
+from trainer.tasks import Run, Task
 
 log = logging.getLogger("trainer")
 
@@ -39,24 +43,26 @@ def save_path(model_dir: str, cluster: Cluster) -> Iterator[str]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def compile_for_export(model: tf.keras.Model) -> None:
-    """Gives the model to be saved the training's loss and metric. tf-keras's save builds the
-    compiled loss and metrics of the model it saves, and a model never compiled has none to
-    build: it logs a warning ("Compiled the loaded model, but the compiled metrics have yet to be
-    built") on stderr, in every task that saves. What compile adds is not served: the optimizer
-    it makes is left out of the SavedModel (serving.save); the metrics' counters (four scalars)
-    are saved."""
-    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-
-
-def save_model(model: tf.keras.Model, config: TrainConfig, cluster: Cluster, class_names) -> None:
-    """Every task calls this, outside strategy.scope(); the chief's copy is the SavedModel with the
-    serving signatures, in float32."""
-    copy = model_lib.float32_copy(model, len(class_names), config.image_size, config.architecture, config.seed)
-    compile_for_export(copy)
-    with save_path(config.model_dir, cluster) as path:
-        serving.save(copy, path, class_names, config.image_size)
+def save_from_every_worker(task: Task, model: tf.keras.Model, run: Run, cluster: Cluster) -> None:
+    """Every task of a synchronous job calls this, outside strategy.scope()."""
+    with save_path(run.model_dir, cluster) as path:
+        task.export(model, path, run)
         if cluster.is_chief:
             log.info("saved model to %s", path)
         else:
             log.info("saved this worker's copy to %s; removing it", path)
+
+
+def model_from_checkpoint(task: Task, run: Run, checkpoint: str) -> tf.keras.Model:
+    """The task's model, built in float32 outside any strategy, with the checkpoint's weights
+    (float32 under every policy). Used by the PSS export and the side-car evaluator."""
+    with precision.float32_policy():
+        model = task.build_model(run)
+    model.load_weights(checkpoint).expect_partial()
+    return model
+
+
+def save_unsharded(task: Task, run: Run, checkpoint: str) -> None:
+    model = model_from_checkpoint(task, run, checkpoint)
+    task.export(model, run.model_dir, run)
+    log.info("saved model to %s (from %s)", run.model_dir, checkpoint)

@@ -41,11 +41,6 @@ def driver_version() -> str:
     return f"{release or '?'} (supports CUDA {code.value // 1000}.{code.value % 1000 // 10})"
 
 
-def images_per_second(model, images, labels, steps: int, steps_per_execution: int = 1) -> float:
-    """Train-step throughput on data already in memory; the first (compiling) call is excluded."""
-    return timed_images_per_second(model, images, labels, steps, steps_per_execution)[0]
-
-
 def timed_images_per_second(model, images, labels, steps: int, steps_per_execution: int = 1) -> tuple[float, float]:
     """(train-step throughput on data already in memory, seconds of the first call). The first
     call compiles the step, and on a GPU the wheel has only PTX for (H100 and newer,
@@ -69,23 +64,39 @@ def generated_batch(batch: int, image_size: int, seed: int = 0):
     return images, rng.integers(0, 5, size=(batch,))
 
 
-def trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: int, steps: int,
-                       steps_per_execution: int = 1) -> float:
-    """The trainer's own ResNet50 + head under `policy`, on a generated batch."""
-    return timed_trainer_throughput(policy, jit_compile, batch, image_size, steps, steps_per_execution)[0]
+def resnet50_classifier(image_size: int, classes: int = 5):
+    """Keras' stock ResNet50 over uint8 images, float32 softmax: the convolutions, batch norms
+    and GEMMs a vision job runs, with nothing of any one example's model."""
+    import tensorflow as tf
+
+    images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8)
+    features = tf.keras.applications.ResNet50(include_top=False, weights=None, pooling="avg",
+                                              input_shape=(image_size, image_size, 3))(tf.cast(images, tf.float32))
+    return tf.keras.Model(images, tf.keras.layers.Dense(classes, activation="softmax", dtype="float32")(features))
+
+
+def small_classifier(image_size: int, classes: int = 5):
+    """A few convolutions: enough to run a real multi-worker step in seconds."""
+    import tensorflow as tf
+
+    images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8)
+    x = tf.cast(images, tf.float32) / 255.0
+    for filters in (16, 32):
+        x = tf.keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(x)
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(images, tf.keras.layers.Dense(classes, activation="softmax", dtype="float32")(x))
 
 
 def timed_trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: int, steps: int,
                              steps_per_execution: int = 1) -> tuple[float, float]:
-    """`trainer_throughput`, and the seconds its first (compiling) call took."""
+    """A ResNet50 train step's throughput in `policy`, and the seconds its first (compiling) call took."""
     import tensorflow as tf
-
-    from trainer import model as model_lib
 
     tf.keras.mixed_precision.set_global_policy(policy)
     try:
-        model = model_lib.build(5, image_size, "none")
-        model_lib.compile_model(model, 1e-4, steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        model = resnet50_classifier(image_size)
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy",
+                      steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         images, labels = generated_batch(batch, image_size)
         return timed_images_per_second(model, images, labels, steps, steps_per_execution)
     finally:
@@ -96,13 +107,11 @@ def local_multi_worker_fit(strategy, steps: int = 3) -> tuple[int, float]:
     """A few steps of the small model under `strategy`: (replicas, final loss)."""
     import tensorflow as tf
 
-    from trainer import model as model_lib
-
     global_batch = 4 * strategy.num_replicas_in_sync
     images, labels = generated_batch(global_batch, 32, seed=1)
     with strategy.scope():
-        model = model_lib.build(5, 32, "none", architecture="small")
-        model_lib.compile_model(model, 1e-3, steps_per_execution=1, jit_compile=False)
+        model = small_classifier(32)
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
     history = model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
     return strategy.num_replicas_in_sync, float(history.history["loss"][-1])

@@ -15,17 +15,16 @@ Failures, as TensorFlow handles them:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import re
 import sys
 
 import tensorflow as tf
 
-from trainer import (callbacks, data, exits, export, model as model_lib, precision, preemption, profiling, storage,
-                     strategy as strategy_lib, train)
+from trainer import exits, outputs, plan, precision, preemption, saving, storage, strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
+from trainer.tasks import DataError, Task
 
 log = logging.getLogger("trainer")
 
@@ -51,86 +50,80 @@ def remote_workers(cluster: Cluster) -> list[str]:
     return [h for h in hosts if h.rsplit(":", 1)[0] not in ("localhost", "127.0.0.1", "[::1]", "::1")]
 
 
-def run(config: TrainConfig, cluster: Cluster) -> int:
+def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
+    """The coordinator. `name`: the command's name, for its error lines."""
     strategy = strategy_lib.create("parameter_server", cluster)  # before any other TensorFlow op
     # The coordinator traces the train step that every worker runs, so its policy is the job's;
     # it decides from its own devices (Vertex gives the chief the workers' machine type). The
-    # export below computes in float32 whatever this picks (trainer.export).
+    # export below computes in float32 whatever this picks (trainer.saving).
     precision.apply(config.mixed_precision)
     tf.keras.utils.set_random_seed(config.seed)
     global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync
     # Validation belongs to the side-car evaluator in this mode.
-    train_split, _ = train.load_splits(config)
-    steps, _ = train.epoch_plan(config, train_split, None, global_batch)
-    if config.trace_input_dir:
-        log.warning("--trace-input-dir is ignored under parameter_server: datasets run on remote workers")
+    examples = task.prepare(config.task_flags)
+    steps = plan.steps_per_epoch(config, examples, global_batch)
     elsewhere = remote_workers(cluster)
-    on_this_disk = [f for f in train_split.files if "://" not in f and not f.startswith("/gcs/")]
-    if config.dataset.scheme == "tfrecord" and elsewhere and on_this_disk:
-        # The workers open these paths themselves; a file missing there is skipped like a bad
-        # record, and the job waits on data that never comes.
-        log.warning("the workers (%s) read the training files themselves, and %s is on this machine's disk: "
+    on_this_disk = [path for path in task.input_paths(config.task_flags)
+                    if path and "://" not in path and not path.startswith("/gcs/")]
+    if elsewhere and on_this_disk:
+        # The workers open these paths themselves; a file missing there is read as missing data,
+        # and the job waits on data that never comes.
+        log.warning("the workers (%s) read the training data themselves, and %s is on this machine's disk: "
                     "put the data in Cloud Storage (gs:// or /gcs/) or on a volume every worker mounts",
                     ", ".join(elsewhere), on_this_disk[0])
     # ParameterServerStrategy hands every worker the same dataset function with a one-pipeline
     # InputContext (TensorFlow keeps no input synchronization between workers), so each worker
     # reads the whole dataset. Unseeded shuffling gives each its own order; a shared --seed would
     # make every worker train on the same sequence.
-    options = dataclasses.replace(train.pipeline_options(config, train_split, True, 1), seed=None)
+    run_info = plan.make_run(config, cluster, "parameter_server", replicas_in_sync=strategy.num_replicas_in_sync,
+                             num_input_pipelines=1, steps_per_epoch=steps, validation_steps=None,
+                             shuffle_seed=None)
     log.info(
         "strategy=parameter_server workers=%d ps=%d batch per step=%d steps_per_epoch=%d "
-        "steps_per_execution=%d train_examples=%d",
+        "steps_per_execution=%d%s",
         cluster.num_workers - 1, cluster.num_ps, global_batch, steps, config.steps_per_execution,
-        train_split.num_examples,
+        f" train_examples={examples.train}" if examples and examples.train else "",
     )
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # Built on each worker; sharding follows the context (one pipeline: the whole dataset).
-        return data.make_dataset(train_split, options, context)
+        return task.train_dataset(run_info, context)
 
     with strategy.scope():
-        model = model_lib.build(train_split.num_classes, config.image_size, config.weights, config.architecture, config.seed)
+        model = task.build_model(run_info)
         # Every worker steps on its own: the replicas stepping side by side are all of theirs.
-        model_lib.compile_model(model, config.learning_rate, config.steps_per_execution, config.jit_compile,
-                                 model_lib.warmup_steps(config.weights, steps),
-                                 input_lanes=(cluster.num_workers - 1) * strategy.num_replicas_in_sync)
-    log.info("classes: %d (%s)", train_split.num_classes, ", ".join(train_split.class_names))
+        plan.compile_model(task, run_info, model, config,
+                           input_lanes=(cluster.num_workers - 1) * strategy.num_replicas_in_sync)
     log.info("variables sharded over ps: %s", describe_sharding(model))
 
     # Epoch backups: tf-keras runs no batch hooks on a ParameterServer coordinator.
-    backup = preemption.StepBackup(train.backup_dir(config), None, steps, is_chief=True, per_epoch=True)
-    callback_list = [
-        backup,
-        tf.keras.callbacks.ModelCheckpoint(train.checkpoint_pattern(config), save_weights_only=True),
-        tf.keras.callbacks.TensorBoard(config.tensorboard_dir),
-        callbacks.EpochLog(config.epochs, with_metrics=True, num_classes=train_split.num_classes),
-        callbacks.HypertuneReport(config.hypertune_metric),
-    ]
-    if config.profile_steps:
-        # The coordinator's own side of the steps (the workers run them: trainer.profiling).
-        callback_list.append(profiling.ProfileSteps(profiling.log_dir(config.tensorboard_dir, cluster.task_name, True),
-                                                    *config.profile_steps))
+    backup = preemption.StepBackup(outputs.backup_dir(config.checkpoint_dir), None, steps, is_chief=True, per_epoch=True)
+    callback_list = [backup, *plan.common_callbacks(task, run_info, config, log_metrics=True, report=True)]
     try:
-        with train.bad_data_stops_the_job(config, train_split.class_names):
-            model.fit(
-                tf.keras.utils.experimental.DatasetCreator(dataset_fn),
-                epochs=config.epochs,
-                steps_per_epoch=steps,
-                callbacks=callback_list,
-                verbose=0,  # EpochLog reports each epoch
-            )
+        model.fit(
+            tf.keras.utils.experimental.DatasetCreator(dataset_fn),
+            epochs=config.epochs,
+            steps_per_epoch=steps,
+            callbacks=callback_list,
+            verbose=0,  # EpochLog reports each epoch
+        )
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
         if storage.failure(error):
-            raise  # trainer.task reports it
+            raise  # trainer.fit reports it
         first_line = (error.message or type(error).__name__).strip().splitlines()[0]
         print(
-            f"trainer.task: error: lost a parameter server ({type(error).__name__}: {first_line[:200]}); "
+            f"{name}: error: lost a parameter server ({type(error).__name__}: {first_line[:200]}); "
             f"the coordinator must be restarted: a restart resumes at {backup.describe_resume()} "
-            f"from {train.backup_dir(config)} (exit {exits.RETRYABLE})",
+            f"from {outputs.backup_dir(config.checkpoint_dir)} (exit {exits.RETRYABLE})",
             file=sys.stderr,
         )
         return exits.RETRYABLE
-    export.save_unsharded(config, train_split.class_names, train.checkpoint_pattern(config).format(epoch=config.epochs))
+    except Exception as error:
+        line = task.describe_error(error, run_info)
+        if line is None:
+            raise
+        raise DataError(line) from None
+    saving.save_unsharded(task, run_info, outputs.checkpoint_pattern(config.checkpoint_dir).format(epoch=config.epochs))
     return exits.OK
 
 

@@ -125,7 +125,7 @@ def test_a_jobset_reads_its_data_through_a_cloud_storage_fuse_volume_and_writes_
     into a bucket and read through a Cloud Storage FUSE CSI volume, and the model and checkpoints
     go to gs:// through TensorFlow's own client."""
     prepared = tmp_path / "prepared"
-    made = run_module("trainer.prepare", "--source", f"folder:{write_image_folder(tmp_path / 'images')}",
+    made = run_module("cassava.prepare", "--source", f"folder:{write_image_folder(tmp_path / 'images')}",
                       "--output", str(prepared), "--shards", "4")
     assert made.returncode == 0, made.stderr[-2000:]
     manifest = jobset("--workers", "1", "--base-output-dir", "gs://js-gcs/run", "--", *SMALL_TRAINING,

@@ -1,6 +1,6 @@
 """The prediction image, built, linted, structure-tested and deployed by the rehearsal
 (`scripts/deploy_model.py local`): the model exported here, read by the image from the local Cloud
-Storage at its gs:// URI, answering as trainer.predict does on the same bytes, refusing every bad
+Storage at its gs:// URI, answering as serving.predict does on the same bytes, refusing every bad
 request in one line and answering the next good one, starting with nothing on stderr, and leaving
 nothing behind. (tests/integration/test_prediction_server.py covers the server process in depth.)
 """
@@ -63,7 +63,7 @@ def test_the_prediction_image_is_the_cpu_images_base_and_tensorflow_layers_and_l
 def export(tmp_path_factory):
     """A tiny model (the small architecture, 48 px), trained and exported once on this machine."""
     root = tmp_path_factory.mktemp("serving-image")
-    result = run_module("trainer.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+    result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
                         "--image-size", "48", "--architecture", "small", "--weights", "none",
                         "--per-replica-batch-size", "4", "--data-dir", str(root / "data"), "--model-dir", str(root / "model"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -81,7 +81,7 @@ MARKER = "<!-- tested as written: tests/container/test_serving_image.py -->"
 
 
 def serving_md_block() -> str:
-    """docs/serving.md's rehearsal: a request made by trainer.predict, answered by the deployed image."""
+    """docs/serving.md's rehearsal: a request made by serving.predict, answered by the deployed image."""
     text = (REPO / "docs" / "serving.md").read_text()
     assert MARKER in text, "docs/serving.md no longer marks its rehearsal"
     block = re.match(r"\s*```[a-z]*\n(.*?)```", text.split(MARKER, 1)[1], re.S)
@@ -107,7 +107,7 @@ def test_the_docs_rehearsal_answers_trainer_predicts_request_as_trainer_predict_
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
     paths = [str(tmp_path / name) for name in files]
-    printed = run_module("trainer.predict", str(export), *paths)
+    printed = run_module("serving.predict", str(export), *paths)
     rows = [line.split("\t") for line in printed.stdout.splitlines()]
     assert len(answer) == len(rows) == len(files)
     assert [p["class_name"] for p in answer] == [row[1] for row in rows]

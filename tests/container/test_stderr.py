@@ -33,7 +33,7 @@ def test_a_bad_flag_in_the_cpu_image_is_one_line_on_stderr(engine, cpu_image):
     result = run(engine, cpu_image, "--epochs", "many")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "python -m trainer.task: error: argument --epochs: expected a whole number, got 'many' (--help lists the flags)"]
+        "python -m cassava.task: error: argument --epochs: expected a whole number, got 'many' (--help lists the flags)"]
 
 
 def test_a_bad_data_stop_in_the_cpu_image_ends_with_its_one_line(engine, cpu_image, tmp_path):

@@ -66,7 +66,7 @@ def test_mwms_job_from_a_dry_run_spec_reads_from_gcs_files_and_writes_to_the_buc
     """Chief + 2 workers as `vertex --dry-run` prints them. The data is staged into a bucket and
     read through /gcs/ (Cloud Storage FUSE on Vertex); the outputs go to gs:// through AIP_*."""
     prepared = tmp_path / "prepared"
-    made = run_module("trainer.prepare", "--source", f"folder:{write_image_folder(tmp_path / 'images')}",
+    made = run_module("cassava.prepare", "--source", f"folder:{write_image_folder(tmp_path / 'images')}",
                       "--output", str(prepared), "--shards", "6")
     assert made.returncode == 0, made.stderr[-2000:]
     spec = dry_run("vertex", "--workers", "2", "--base-output-dir", "gs://vx-mwms/job", "--",
@@ -145,7 +145,7 @@ def test_a_configuration_error_fails_the_job_at_once_with_its_one_line(engine, c
         {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}}]}}
     result = run_local(engine, tmp_path, spec)
     assert result.returncode == 2, result.stdout[-3000:]
-    error = "python -m trainer.task: error: argument --epochs: must be positive, got 0 (--help lists the flags)"
+    error = "python -m cassava.task: error: argument --epochs: must be positive, got 0 (--help lists the flags)"
     assert summary(result.stdout)["workerpool0-0"] == ([2], 0)
     assert summary(result.stdout)["workerpool1-0"][1] == 0  # stopped, not restarted
     assert lines(result.stdout, "workerpool0-0") == [error]
@@ -264,7 +264,7 @@ def test_a_handwritten_custom_job_runs_unchanged_with_vertex_environment(engine,
     """Not made by submit_job.py: integer replicaCount, a command that replaces the entrypoint,
     env of its own, no restartJobOnWorkerRestart. The command prints what Vertex told it."""
     show = ["sh", "-c", "env | grep -E '^(CLUSTER_SPEC|TF_CONFIG|AIP_|CLOUD_ML_|OWN_SETTING)' | sort; "
-                        "python -m trainer.task \"$@\" && cd /gcs/vx-own/run && find . -type f | sort", "trainer"]
+                        "python -m cassava.task \"$@\" && cd /gcs/vx-own/run && find . -type f | sort", "trainer"]
     container = {"imageUri": cpu_image, "command": show, "args": [*TRAINING, "--epochs", "1"],
                  "env": [{"name": "OWN_SETTING", "value": "kept"}]}
     spec = {"displayName": "by-hand", "jobSpec": {

@@ -1,4 +1,4 @@
-"""Messy data through the real entry point: trainer.task skips what it cannot decode, names it,
+"""Messy data through the real entry point: cassava.task skips what it cannot decode, names it,
 and stops with one line and exit 2 when there is too much of it or a file is broken."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import trainer  # noqa: F401
 import tensorflow as tf
 
 from helpers import run_module
-from trainer import records
+from cassava import records
 
 SMALL_RUN = ["--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32", "--architecture", "small",
              "--weights", "none", "--per-replica-batch-size", "4"]
@@ -25,7 +25,7 @@ def write_dataset(directory, bad: int, shards: int = 2) -> str:
 
 
 def train(tmp_path, dataset: str, *args):
-    return run_module("trainer.task", "--dataset", dataset, *SMALL_RUN, "--model-dir", str(tmp_path / "model"), *args)
+    return run_module("cassava.task", "--dataset", dataset, *SMALL_RUN, "--model-dir", str(tmp_path / "model"), *args)
 
 
 def test_a_corrupt_image_is_skipped_with_its_id_and_training_goes_on(tmp_path):
@@ -41,8 +41,8 @@ def test_too_many_corrupt_images_stop_the_job_with_one_line_and_exit_2(tmp_path)
     result = train(tmp_path, write_dataset(tmp_path / "data", bad=4), "--max-bad-examples", "3",
                    "--steps-per-epoch", "6")
     assert result.returncode == 2, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
-    assert errors == ["trainer.task: error: more than 3 undecodable images in one pass over this task's data "
+    errors = [line for line in result.stderr.splitlines() if line.startswith("cassava.task: error:")]
+    assert errors == ["cassava.task: error: more than 3 undecodable images in one pass over this task's data "
                       "(--max-bad-examples); the images skipped are named above"]
     assert "Traceback" not in result.stderr
 
@@ -53,13 +53,13 @@ def test_a_truncated_file_is_named_before_training_starts(tmp_path):
     path.write_bytes(path.read_bytes()[:-500])
     result = train(tmp_path, dataset)
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("cassava.task: error:")]
     assert len(errors) == 1 and f"{path} is truncated or corrupt (DataLossError" in errors[0], result.stderr[-2000:]
     assert "epoch 1/1 begins" not in result.stdout and "Traceback" not in result.stderr
 
 
 def one_error_line(result) -> str:
-    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task: error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("cassava.task: error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     return errors[0]
 
@@ -71,7 +71,7 @@ def test_a_label_beyond_cassavas_five_without_dataset_json_stops_before_training
     paths, _ = records.write_shards(examples, str(tmp_path / "data"), "train", 2)
     result = train(tmp_path, f"tfrecord:{tmp_path}/data/train-*.tfrecord")
     assert result.returncode == 2
-    assert one_error_line(result).startswith(f"trainer.task: error: {paths[0]}: label 6 is outside the 5 classes")
+    assert one_error_line(result).startswith(f"cassava.task: error: {paths[0]}: label 6 is outside the 5 classes")
     assert "epoch 1/1 begins" not in result.stdout
 
 
@@ -85,7 +85,7 @@ def test_validation_data_of_other_classes_is_refused(tmp_path):
 
 
 def write_described(directory, labels) -> list[str]:
-    """Shards with a dataset.json that describes each file (what trainer.prepare writes)."""
+    """Shards with a dataset.json that describes each file (what cassava.prepare writes)."""
     rng = np.random.default_rng(2)
     examples = [(tf.io.encode_jpeg(rng.integers(0, 255, size=(40, 40, 3), dtype=np.uint8)).numpy(), label, f"id-{i}")
                 for i, label in enumerate(labels)]
@@ -110,4 +110,4 @@ def test_a_label_outside_the_classes_in_a_described_file_stops_the_job_when_read
     paths = write_described(tmp_path / "data", [i % 5 for i in range(15)] + [9])
     result = train(tmp_path, f"tfrecord:{tmp_path}/data/train-*.tfrecord", "--steps-per-epoch", "4")
     assert result.returncode == 2
-    assert one_error_line(result).startswith(f"trainer.task: error: {paths[1]}: label 9 is outside the 5 classes")
+    assert one_error_line(result).startswith(f"cassava.task: error: {paths[1]}: label 9 is outside the 5 classes")

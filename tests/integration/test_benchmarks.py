@@ -67,7 +67,7 @@ def test_input_pipeline_benchmark_prints_its_summary_and_writes_its_results_file
     stage_block = result.stdout.split("| stage (N=1, epoch 1) | img/s | cost against the row before |\n|---|---|---|\n")[1]
     stages = re.findall(r"^\| (.+?) \| ([\d,]+) \| (?:([+-]\d+\.\d{3}) ms/image)? \|$", stage_block, re.M)
     names = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); import input_pipeline as b; from trainer import data; "
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); import input_pipeline as b; from cassava import data; "
          "print('\\n'.join(n for n, _ in b.stage_pipelines(data.Split('train', 1, ('a',), ('x',)))))"],
         capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=300).stdout.splitlines()
     assert [name for name, _, _ in stages] == names and names[-1].endswith("the trainer's pipeline"), stage_block

@@ -6,7 +6,7 @@ import pytest
 import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf
 
-from trainer import model as model_lib
+from cassava import model as model_lib
 
 SIZE, CLASSES = 32, 5
 

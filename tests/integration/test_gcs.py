@@ -39,10 +39,10 @@ def local_files(root: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def prepared_bucket(gcs_server, tmp_path_factory):
-    """A bucket holding what trainer.prepare wrote from an image folder (4 shards)."""
+    """A bucket holding what cassava.prepare wrote from an image folder (4 shards)."""
     gcs_server.create_bucket("cassava-data")
     folder = write_image_folder(tmp_path_factory.mktemp("images"))
-    result = run_module("trainer.prepare", "--source", f"folder:{folder}", "--output", "gs://cassava-data/prepared",
+    result = run_module("cassava.prepare", "--source", f"folder:{folder}", "--output", "gs://cassava-data/prepared",
                         "--shards", "4", env=clean_env(**gcs_server.environ()))
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -64,11 +64,11 @@ def vertex_style_runs(gcs_server, prepared_bucket, tmp_path_factory):
     args = ["--dataset", "tfrecord:gs://cassava-data/prepared/train-*.tfrecord", "--epochs", "2", *SMALL_RUN]
     tmp = tmp_path_factory.mktemp("vertex-style")
     launch = ["trainer.launch", "--workers", "2", "--timeout", "500"]
-    in_bucket = run_module(*launch, "--work-dir", str(tmp / "work-gcs"), "--", *args,
+    in_bucket = run_module(*launch, "--work-dir", str(tmp / "work-gcs"), "--", "python", "-m", "cassava.task", *args,
                            env=clean_env(**gcs_server.environ(), AIP_MODEL_DIR=f"{base}/model/",
                                          AIP_CHECKPOINT_DIR=f"{base}/checkpoints/", AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/"))
     local = tmp / "local"
-    on_disk = run_module(*launch, "--work-dir", str(tmp / "work-local"), "--", *args,
+    on_disk = run_module(*launch, "--work-dir", str(tmp / "work-local"), "--", "python", "-m", "cassava.task", *args,
                          env=clean_env(**gcs_server.environ(), AIP_MODEL_DIR=f"{local}/model/",
                                        AIP_CHECKPOINT_DIR=f"{local}/checkpoints/", AIP_TENSORBOARD_LOG_DIR=f"{local}/logs/"))
     return in_bucket, on_disk, local
@@ -104,7 +104,7 @@ def test_the_export_holds_no_optimizer_state_and_the_log_gives_its_size_and_time
 def test_predict_reads_the_model_and_images_from_the_bucket(vertex_style_runs, gcs_server, tmp_path):
     import trainer  # noqa: F401
     import tensorflow as tf
-    from trainer import synthetic
+    from cassava import synthetic
 
     rng = np.random.default_rng(3)
     env = clean_env(**gcs_server.environ())
@@ -112,7 +112,7 @@ def test_predict_reads_the_model_and_images_from_the_bucket(vertex_style_runs, g
     local_image.write_bytes(tf.io.encode_jpeg(synthetic.make_image(rng, 3, size=(90, 120))).numpy())
     copy = subprocess_copy(local_image, "gs://cassava-jobs/images/leaf.jpg", env)
     assert copy.returncode == 0, copy.stderr[-2000:]
-    result = run_module("trainer.predict", "gs://cassava-jobs/job-1/model", str(local_image),
+    result = run_module("serving.predict", "gs://cassava-jobs/job-1/model", str(local_image),
                         "gs://cassava-jobs/images/leaf.jpg", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split("\t") for line in result.stdout.splitlines()]
@@ -128,7 +128,7 @@ def subprocess_copy(source, destination: str, env):
 TFDS_TASK = """
 import sys
 import tensorflow_datasets as tfds
-from trainer import prepare, task
+from cassava import prepare, task
 main = prepare.main if sys.argv[1] == "prepare" else task.main
 with tfds.testing.mock_data(num_examples=24):
     sys.exit(main(sys.argv[2:]))
@@ -159,7 +159,7 @@ def test_tfds_cassava_with_a_bucket_data_dir_prepares_and_trains_without_tfds_pu
 def test_a_tuning_trial_writes_under_its_trial_directory(gcs, data_root):
     gcs.create_bucket("hp-job")
     base = "gs://hp-job/study/7"  # Vertex AI sets AIP_* under BASE/<trial id>/ for a trial
-    result = run_module("trainer.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
+    result = run_module("cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
                         "--steps-per-epoch", "2", *SMALL_RUN,
                         env=clean_env(**gcs.environ(), CLOUD_ML_TRIAL_ID="7", AIP_MODEL_DIR=f"{base}/model/",
                                       AIP_CHECKPOINT_DIR=f"{base}/checkpoints/", AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/"))
@@ -172,7 +172,7 @@ def test_a_tuning_trial_writes_under_its_trial_directory(gcs, data_root):
 def test_parameter_server_job_with_evaluator_keeps_its_checkpoints_in_the_bucket(gcs, data_root, tmp_path):
     gcs.create_bucket("ps-job")
     result = run_module("trainer.launch", "--workers", "2", "--ps", "1", "--evaluator", "--work-dir", str(tmp_path / "work"),
-                        "--timeout", "500", "--", "--data-dir", str(data_root), "--dataset", "synthetic:64",
+                        "--timeout", "500", "--", "python", "-m", "cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64",
                         "--epochs", "2", "--steps-per-epoch", "4", *SMALL_RUN, "--model-dir", "gs://ps-job/model",
                         env=clean_env(**gcs.environ()))
     assert result.returncode == 0, result.stdout[-5000:]

@@ -26,7 +26,7 @@ def error_lines(text: str) -> list[str]:
 
 
 def task(data_root, gcs, bucket: str, *args, extra_env=None):
-    return run_module("trainer.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
+    return run_module("cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
                       "--steps-per-epoch", "4", *SMALL_RUN, "--model-dir", f"gs://{bucket}/model", *args,
                       env=clean_env(**gcs.environ(), **(extra_env or {})), timeout=400)
 
@@ -81,7 +81,7 @@ KILL_POINTS = {"data upload": (2, False), "state file rename": (17, False), "old
 def test_a_task_killed_mid_backup_write_resumes_from_the_last_complete_backup(gcs, data_root, point):
     bucket = "backup-" + point.replace(" ", "-")
     gcs.create_bucket(bucket)
-    args = ["trainer.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "2",
+    args = ["cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "2",
             "--steps-per-epoch", "6", *SMALL_RUN, "--model-dir", f"gs://{bucket}/model", "--backup-every-steps", "3"]
     env = clean_env(**gcs.environ())
     process = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, text=True,
@@ -118,7 +118,7 @@ def two_worker_args(tmp_path, data_root, bucket: str, every_steps: int) -> list[
     # A chief that lost its worker exits on its own once TensorFlow notices (143), which can take
     # over 20 s on a loaded 2-core CI machine: the 60 s grace period lets that exit, not the
     # launcher's SIGKILL (137), end the task.
-    return ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "60", "--",
+    return ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "60", "--", "python", "-m", "cassava.task",
             "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "3", "--steps-per-epoch", "40",
             *SMALL_RUN, "--model-dir", f"gs://{bucket}/model", "--backup-every-steps", str(every_steps)]
 
@@ -153,7 +153,7 @@ def test_sigterm_to_one_worker_backs_up_into_the_bucket_and_the_rerun_resumes_th
     code, first = launch_until(args, r"^\[chief-0\] .*trainer: epoch 2/3 begins$",
                                lambda so_far, _: os.kill(started_pid(so_far, "worker-0"), signal.SIGTERM), env=env)
     assert code == 143, first[-3000:]
-    match = re.search(r"^\[chief-0\] trainer.task: preempted \(SIGTERM\): saved a backup; a restart resumes at "
+    match = re.search(r"^\[chief-0\] cassava.task: preempted \(SIGTERM\): saved a backup; a restart resumes at "
                       r"epoch (\d+) step (\d+) \(exit 143\)$", first, re.M)
     assert match, first[-3000:]
     assert any(name.startswith("checkpoints/backup/chief/ckpt-") for name in gcs.list("preempted", "checkpoints/"))

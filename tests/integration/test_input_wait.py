@@ -35,7 +35,7 @@ _WRITE_FILES = """
 import sys
 import numpy as np
 import trainer, tensorflow as tf
-from trainer import records, synthetic
+from cassava import records, synthetic
 directory, count = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(0)
 examples = ((tf.io.encode_jpeg(synthetic.make_image(rng, i % 5, (48, 48))).numpy(), i % 5, f"far-{i:03d}")
@@ -77,7 +77,7 @@ HEALTHY = ["--architecture", "resnet50", "--weights", "none", "--image-size", "6
 
 def launch(tmp_path, *args, ps: int = 0, env: dict | None = None) -> str:
     roles = ["--workers", "2"] + (["--ps", str(ps)] if ps else [])
-    result = run_module("trainer.launch", *roles, "--work-dir", str(tmp_path / "work"), "--timeout", "500", "--",
+    result = run_module("trainer.launch", *roles, "--work-dir", str(tmp_path / "work"), "--timeout", "500", "--", "python", "-m", "cassava.task",
                         *args, "--model-dir", str(tmp_path / "out" / "model"), env=env, timeout=560)
     assert result.returncode == 0, result.stdout[-4000:]
     return result.stdout

@@ -71,18 +71,18 @@ def mwms(tmp_path, data_root, *args, workers=2, batch=16, seed=SEED, precision="
     common = [*TASK, "--data-dir", str(data_root), "--per-replica-batch-size", str(batch), "--seed", str(seed),
               "--mixed-precision", precision, "--model-dir", str(tmp_path / "out" / "model"), *args]
     if workers == 1:
-        result = run_module("trainer.task", *common, env=env, timeout=600)
+        result = run_module("cassava.task", *common, env=env, timeout=600)
         assert result.returncode == 0, result.stderr[-4000:]
         return result.stderr + result.stdout
     result = run_module("trainer.launch", "--workers", str(workers), "--work-dir", str(tmp_path / "work"),
-                        "--timeout", "540", "--", *common, env=env, timeout=600)
+                        "--timeout", "540", "--", "python", "-m", "cassava.task", *common, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:]
     return result.stdout
 
 
 def parameter_server(tmp_path, data_root, seed=SEED) -> str:
     result = run_module("trainer.launch", "--workers", "2", "--ps", "1", "--evaluator", "--work-dir",
-                        str(tmp_path / "work"), "--timeout", "540", "--", *TASK, "--data-dir", str(data_root),
+                        str(tmp_path / "work"), "--timeout", "540", "--", "python", "-m", "cassava.task", *TASK, "--data-dir", str(data_root),
                         "--per-replica-batch-size", "16", "--seed", str(seed), "--mixed-precision", "off",
                         "--model-dir", str(tmp_path / "out" / "model"), timeout=600)
     assert result.returncode == 0, result.stdout[-4000:]
@@ -92,7 +92,7 @@ def parameter_server(tmp_path, data_root, seed=SEED) -> str:
 def preempted_and_resumed(tmp_path, data_root, seed=SEED) -> tuple[str, str]:
     """SIGTERM to worker-0 as epoch 3 begins (a Spot preemption): every task backs up and exits
     143; the rerun resumes there and trains to the end. Returns both outputs."""
-    args = ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "20", "--", *TASK,
+    args = ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "20", "--", "python", "-m", "cassava.task", *TASK,
             "--data-dir", str(data_root), "--per-replica-batch-size", "16", "--seed", str(seed),
             "--mixed-precision", "off", "--model-dir", str(tmp_path / "out" / "model")]
     code, first = launch_until(args, r"^\[chief-0\] .*trainer: epoch 3/6 begins$",
@@ -108,7 +108,7 @@ _SHUFFLE_LABELS = """
 import glob, os, shutil, sys
 import numpy as np
 import trainer, tensorflow as tf
-from trainer import data, records
+from cassava import data, records
 source, target, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 shutil.copytree(source, target)
 files = sorted(glob.glob(os.path.join(target, "train-*")))

@@ -20,7 +20,7 @@ SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32
 def launch(tmp_path, data_root, *task_args, workers=2, timeout=600):
     work = tmp_path / "work"
     result = run_module(
-        "trainer.launch", "--workers", str(workers), "--work-dir", str(work), "--timeout", str(timeout - 30), "--",
+        "trainer.launch", "--workers", str(workers), "--work-dir", str(work), "--timeout", str(timeout - 30), "--", "python", "-m", "cassava.task",
         "--data-dir", str(data_root), *task_args, timeout=timeout,
     )
     return result, work
@@ -137,7 +137,7 @@ def test_two_workers_train_the_real_resnet50(tmp_path, data_root):
 
 
 def preemptible_args(tmp_path, data_root, every_steps: int):
-    return ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "20", "--",
+    return ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "20", "--", "python", "-m", "cassava.task",
             "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "3", "--steps-per-epoch", "150",
             *SMALL_RUN, "--model-dir", str(tmp_path / "out" / "model"), "--backup-every-steps", str(every_steps)]
 
@@ -179,7 +179,7 @@ def test_sigterm_to_one_worker_saves_a_backup_on_every_task_and_exits_retryable(
     assert code == 143, first[-3000:]
     saved = {}
     for task in ("chief-0", "worker-0"):
-        match = re.search(rf"^\[{task}\] trainer.task: preempted \(SIGTERM\): saved a backup; a restart resumes at "
+        match = re.search(rf"^\[{task}\] cassava.task: preempted \(SIGTERM\): saved a backup; a restart resumes at "
                           rf"epoch (\d+) step (\d+) \(exit 143\)$", first, re.M)
         assert match, first[-3000:]
         saved[task] = (int(match.group(1)), int(match.group(2)))
@@ -197,7 +197,7 @@ def test_lost_worker_makes_the_chief_exit_retryable_with_one_line(tmp_path, data
                                                            signal.SIGKILL))
     assert code == 137, first[-3000:]  # the first failure: worker-0, killed
     newest = backups_reported(first)[-1]
-    errors = re.findall(r"^\[chief-0\] trainer.task: error: (.*)$", first, re.M)
+    errors = re.findall(r"^\[chief-0\] cassava.task: error: (.*)$", first, re.M)
     assert len(errors) == 1, first[-3000:]
     assert re.fullmatch(rf"lost worker-0 of this multi_worker_mirrored job \(\w+Error: .+\); a restart resumes at "
                         rf"epoch {newest[0]} step {newest[1]} \(exit 143\)", errors[0]), errors[0]
@@ -212,5 +212,5 @@ def test_a_failing_task_stops_the_job(tmp_path, data_root):
     result, _ = launch(tmp_path, data_root, "--dataset", "synthetic:64", *SMALL_RUN,
                        "--model-dir", str(blocked / "model"), timeout=300)
     assert result.returncode == 2
-    assert re.search(r"^\[chief-0\] trainer.task: error: cannot write to .*blocked/model", result.stdout, re.M)
+    assert re.search(r"^\[chief-0\] cassava.task: error: cannot write to .*blocked/model", result.stdout, re.M)
     assert "chief-0 failed with exit code 2: stopping every task" in result.stdout

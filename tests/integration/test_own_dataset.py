@@ -38,21 +38,21 @@ def test_seven_class_folders_train_on_two_workers_and_predict_with_their_names(t
     held_out = write_photos(tmp_path / "photos" / "validation", per_class=2, seed=1)
     prepared = tmp_path / "prepared"
     for split in ("train", "validation"):
-        result = run_module("trainer.prepare", "--source", f"folder:{tmp_path / 'photos' / split}", "--output",
+        result = run_module("cassava.prepare", "--source", f"folder:{tmp_path / 'photos' / split}", "--output",
                             str(prepared), "--shards", "4", "--split", split)
         assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((prepared / "dataset.json").read_text())["class_names"] == CLASSES
 
     model_dir = tmp_path / "model"
     result = run_module(
-        "trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500", "--",
+        "trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500", "--", "python", "-m", "cassava.task",
         "--dataset", f"tfrecord:{prepared}/train-*.tfrecord", "--eval-dataset", f"tfrecord:{prepared}/validation-*.tfrecord",
         "--epochs", "4", "--architecture", "small", "--weights", "none", "--image-size", "32",
         "--per-replica-batch-size", "4", "--learning-rate", "0.003", "--model-dir", str(model_dir), timeout=560)
     assert result.returncode == 0, result.stdout[-4000:]
     assert re.search(rf"^\[chief-0\] .* trainer: classes: 7 \({', '.join(CLASSES)}\)$", result.stdout, re.M)
 
-    predicted = run_module("trainer.predict", str(model_dir), *held_out)
+    predicted = run_module("serving.predict", str(model_dir), *held_out)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     rows = [line.split("\t") for line in predicted.stdout.splitlines()]
     assert [row[0] for row in rows] == list(held_out)

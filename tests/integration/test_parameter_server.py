@@ -19,7 +19,7 @@ SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32
 
 def launcher_args(tmp_path, data_root, *task_args, workers=2, ps=1, evaluator=False):
     return ["--workers", str(workers), "--ps", str(ps), *(["--evaluator"] if evaluator else []),
-            "--work-dir", str(tmp_path / "work"), "--timeout", "540", "--",
+            "--work-dir", str(tmp_path / "work"), "--timeout", "540", "--", "python", "-m", "cassava.task",
             "--data-dir", str(data_root), "--dataset", "synthetic:64", *SMALL_RUN,
             "--model-dir", str(tmp_path / "out" / "model"), *task_args]
 
@@ -149,7 +149,7 @@ def test_lost_ps_stops_the_coordinator_with_a_restart_message_and_rerun_resumes(
     code, first = launch_until(args, r"^\[chief-0\] .*trainer: epoch 2/3 begins$",
                             lambda so_far, _: os.kill(task_pids(so_far)["ps-0"], signal.SIGKILL))
     assert code == 143, first[-4000:]  # retryable: Kubeflow's ExitCode policy restarts it
-    assert re.search(r"^\[chief-0\] trainer.task: error: lost a parameter server .* the coordinator must be "
+    assert re.search(r"^\[chief-0\] cassava.task: error: lost a parameter server .* the coordinator must be "
                      r"restarted: a restart resumes at epoch 2 step 0 from .*/checkpoints/backup \(exit 143\)$", first, re.M)
     assert os.listdir(tmp_path / "out" / "checkpoints" / "backup")
 
@@ -160,7 +160,7 @@ def test_lost_ps_stops_the_coordinator_with_a_restart_message_and_rerun_resumes(
 
 def test_parameter_server_strategy_without_ps_is_a_one_line_error():
     tf_config = {"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "chief", "index": 0}}
-    result = run_module("trainer.task", "--strategy", "parameter_server", env=clean_env(TF_CONFIG=json.dumps(tf_config)), timeout=120)
+    result = run_module("cassava.task", "--strategy", "parameter_server", env=clean_env(TF_CONFIG=json.dumps(tf_config)), timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "--strategy parameter_server needs ps tasks" in result.stderr
@@ -169,13 +169,13 @@ def test_parameter_server_strategy_without_ps_is_a_one_line_error():
 def test_evaluator_without_checkpoints_times_out_with_a_clear_message(tmp_path, data_root):
     tf_config = {"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "evaluator", "index": 0}}
     result = run_module(
-        "trainer.task", "--dataset", "synthetic:64", "--data-dir", str(data_root), *SMALL_RUN,
+        "cassava.task", "--dataset", "synthetic:64", "--data-dir", str(data_root), *SMALL_RUN,
         "--checkpoint-dir", str(tmp_path / "never"), "--eval-timeout", "3", "--model-dir", str(tmp_path / "model"),
         env=clean_env(TF_CONFIG=json.dumps(tf_config)), timeout=300,
     )
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("trainer.task:")]
-    assert errors == [f"trainer.task: error: evaluator: no new checkpoint in {tmp_path / 'never'} for 3s "
+    errors = [line for line in result.stderr.splitlines() if line.startswith("cassava.task:")]
+    assert errors == [f"cassava.task: error: evaluator: no new checkpoint in {tmp_path / 'never'} for 3s "
                       "(--eval-timeout); last evaluated epoch: none"]
 
 
@@ -184,7 +184,8 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     import trainer
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
     import portpicker, tensorflow as tf
-    from trainer import data, model as model_lib, strategy as strategy_lib, train_ps
+    from cassava import data, model as model_lib
+    from trainer import strategy as strategy_lib, train_ps
     from trainer.cluster import resolve
 
     workers, ps = 2, 2
@@ -223,7 +224,7 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
 
 def test_in_process_cluster_trains_with_the_head_sharded_over_two_ps(tmp_path):
     script_data = subprocess.run(
-        [sys.executable, "-c", "import sys, trainer; from trainer import records, synthetic; "
+        [sys.executable, "-c", "import sys, trainer; from cassava import records, synthetic; "
          "print(' '.join(records.write_shards(synthetic.examples(40, 0, 'train'), sys.argv[1], 'train', 4)[0]))",
          str(tmp_path)], capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300)
     files = script_data.stdout.split()

@@ -11,8 +11,8 @@ from helpers import REPO, clean_env
 import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf
 
-from trainer import data, records, sources, synthetic
-from trainer.config import DatasetSpec
+from cassava import data, records, sources, synthetic
+from cassava.spec import DatasetSpec
 
 ALL = ("train",)
 
@@ -271,7 +271,7 @@ def test_global_batch_is_per_replica_batch_times_replicas(eight_files):
     split, _ = eight_files
     script = f"""
 import trainer, tensorflow as tf
-from trainer import data
+from cassava import data
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -326,7 +326,7 @@ def test_a_directory_for_tfrecords_is_a_one_line_data_error_naming_the_pattern(t
 
 _ITERATE = """
 import sys, trainer, tensorflow as tf
-from trainer import data
+from cassava import data
 split = data.Split(name="train", num_examples=40, class_names=tuple("abcde"), files=tuple(sys.argv[2:]))
 options = data.PipelineOptions(image_size=16, per_replica_batch_size=4, training=True, cache=True)
 if sys.argv[1] == "alone":

@@ -1,6 +1,6 @@
 """--mixed-precision and --jit-compile change what trains, and never what is exported: read from
 the train step's graph in the TensorBoard logs, XLA's own dump and the exported graph, in real
-single-process trainer.task runs (multi-worker and parameter-server jobs are checked in
+single-process cassava.task runs (multi-worker and parameter-server jobs are checked in
 test_mwms.py and test_parameter_server.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ SMALL_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", 
 
 
 def train(tmp_path, data_root, *args, env=None):
-    result = run_module("trainer.task", *SMALL_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
+    result = run_module("cassava.task", *SMALL_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
                         *args, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     # Every export computes in float32, whatever the policy trained in.
@@ -62,7 +62,7 @@ def test_auto_gives_every_task_of_a_job_the_same_policy_from_one_agreed_measurem
 
     from trainer import precision
 
-    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", *SMALL_RUN,
+    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m", "cassava.task", *SMALL_RUN,
                         "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"))
     assert result.returncode == 0, result.stdout[-4000:]
     lines = dict(re.findall(r"^\[(chief-0|worker-0)\] \S+ trainer: precision: (.*)$", result.stdout, re.M))

@@ -1,7 +1,7 @@
-"""`python -m trainer.server`, the prediction image's entry point, run as a process on this machine
+"""`python -m serving.server`, the prediction image's entry point, run as a process on this machine
 with Vertex AI's variables, and the model read from gs:// on the local Cloud Storage server.
 
-It must answer as trainer.predict does on the same bytes; answer every bad request with one line
+It must answer as serving.predict does on the same bytes; answer every bad request with one line
 and go on serving; stay healthy only once the model is loaded; and hold up against clients that
 are slow, idle, or send more than it takes. (tests/container/test_serving_image.py runs the same
 server in the prediction image, deployed by the rehearsal.)
@@ -35,7 +35,7 @@ LIMITS = ["--max-request-bytes", "300000", "--max-instances", "8", "--max-image-
 def photos(count: int, seed: int = 3) -> list[bytes]:
     import trainer  # noqa: F401
     import tensorflow as tf
-    from trainer import synthetic
+    from cassava import synthetic
 
     rng = np.random.default_rng(seed)
     encoded = []
@@ -52,7 +52,7 @@ def request_body(images) -> bytes:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory, data_root):
     model_dir = tmp_path_factory.mktemp("prediction-server") / "model"
-    result = run_module("trainer.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+    result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
                         "--image-size", "48", "--architecture", "small", "--weights", "none",
                         "--per-replica-batch-size", "4", "--data-dir", str(data_root), "--model-dir", str(model_dir))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -104,7 +104,7 @@ def start(model_uri: str, gcs_server, *flags: str) -> Server:
     # The stderr relay as the image runs it; the proxy, CA and token of the local Cloud Storage.
     env = clean_env(TRAINER_RELAY_STDERR="1", AIP_HTTP_PORT=str(port), AIP_HEALTH_ROUTE=HEALTH,
                     AIP_PREDICT_ROUTE=PREDICT, AIP_STORAGE_URI=model_uri, **gcs_server.environ())
-    process = subprocess.Popen([sys.executable, "-m", "trainer.server", *flags], cwd=REPO, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "serving.server", *flags], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return Server(process, port)
 
@@ -151,13 +151,13 @@ def test_answers_a_vertex_request_from_trainer_predict_as_trainer_predict_does(s
     for index, image in enumerate(images):
         paths.append(tmp_path / f"leaf-{index}.{'png' if index == 4 else 'jpg'}")
         paths[-1].write_bytes(image)
-    made = run_module("trainer.predict", str(export), *map(str, paths), "--vertex-request")
+    made = run_module("serving.predict", str(export), *map(str, paths), "--vertex-request")
     assert made.returncode == 0, made.stderr[-2000:]
     status, answer = served.predict(made.stdout.encode(), {"Content-Type": "application/json"})
     assert status == 200, answer
     predictions = answer["predictions"]
     assert [sorted(p) for p in predictions] == [["class_index", "class_name", "probabilities"]] * 5
-    printed = run_module("trainer.predict", str(export), *map(str, paths))
+    printed = run_module("serving.predict", str(export), *map(str, paths))
     assert printed.returncode == 0, printed.stderr[-2000:]
     rows = [line.split("\t") for line in printed.stdout.splitlines()]
     assert [p["class_name"] for p in predictions] == [row[1] for row in rows]
@@ -337,7 +337,7 @@ def test_a_model_uri_without_an_export_ends_the_server_with_one_line(gcs, tmp_pa
     server = start("gs://no-models/nothing/here", gcs)
     out, err = server.process.communicate(timeout=120)
     assert server.process.returncode == 1, out + err
-    assert err.splitlines() == ["python -m trainer.server: error: gs://no-models/nothing/here: no saved_model.pb there "
+    assert err.splitlines() == ["python -m serving.server: error: gs://no-models/nothing/here: no saved_model.pb there "
                                 "(the --model-dir of a finished training job)"], err
 
 
@@ -366,7 +366,7 @@ class FakeSignature:
 
 
 def test_requests_that_arrive_together_share_one_call_of_the_model_and_a_bad_image_fails_only_its_request():
-    from trainer import predictor as predictor_lib
+    from serving import predictor as predictor_lib
 
     signature = FakeSignature(hold_first=True)
     predictor = predictor_lib.Predictor(signature, max_batch=4)
@@ -395,7 +395,7 @@ def test_requests_that_arrive_together_share_one_call_of_the_model_and_a_bad_ima
 
 
 def test_a_batch_reaches_the_model_padded_to_one_of_a_few_shapes_and_answers_only_its_images():
-    from trainer import predictor as predictor_lib
+    from serving import predictor as predictor_lib
 
     signature = FakeSignature(hold_first=False)
     predictor = predictor_lib.Predictor(signature, max_batch=6)

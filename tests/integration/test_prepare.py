@@ -1,4 +1,4 @@
-"""trainer.prepare writes balanced TFRecord shards that training reads back."""
+"""cassava.prepare writes balanced TFRecord shards that training reads back."""
 
 import collections
 import json
@@ -11,8 +11,8 @@ import pytest
 import trainer  # noqa: F401
 import tensorflow as tf
 
-from trainer import data, prepare, records, sources
-from trainer.config import DatasetSpec
+from cassava import data, prepare, records, sources
+from cassava.spec import DatasetSpec
 from helpers import REPO, clean_env
 
 
@@ -58,7 +58,7 @@ def test_tfds_cassava_is_rewritten_split_by_split(tmp_path):
 def test_bad_source_is_a_one_line_error(tmp_path, capsys):
     assert prepare.main(["--source", f"folder:{tmp_path / 'missing'}", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("trainer.prepare: error:") and err.count("\n") == 1
+    assert err.startswith("cassava.prepare: error:") and err.count("\n") == 1
 
 
 def write_folder(root, images: dict[str, bytes]):
@@ -88,7 +88,7 @@ def test_nothing_readable_exits_2(tmp_path, capsys):
     write_folder(tmp_path / "images", {"cmd/a.jpg": b"\xff\xd8\xff garbage", "healthy/b.jpg": b"nope"})
     assert prepare.main(["--source", f"folder:{tmp_path / 'images'}", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err == f"trainer.prepare: error: no readable image in folder:{tmp_path / 'images'} (2 unreadable skipped)\n"
+    assert err == f"cassava.prepare: error: no readable image in folder:{tmp_path / 'images'} (2 unreadable skipped)\n"
 
 
 def test_progress_is_reported_on_long_runs(tmp_path):

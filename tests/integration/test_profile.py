@@ -67,7 +67,7 @@ def profiled_job(tmp_path_factory, data_root):
     env = clean_env(PYTHONPATH=f"{hidden}:{REPO}")
     result = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
-         "--", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "2", "--steps-per-epoch",
+         "--", "python", "-m", "cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "2", "--steps-per-epoch",
          str(STEPS_PER_EPOCH), *SMALL_RUN, "--model-dir", str(tmp_path / "out" / "model"),
          "--profile-steps", f"{FIRST}-{LAST}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=560)
@@ -117,7 +117,7 @@ def test_the_chief_traces_into_a_bucket(tmp_path, data_root, gcs):
     gcs.create_bucket("profiled-job")
     result = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
-         "--", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1", "--steps-per-epoch",
+         "--", "python", "-m", "cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1", "--steps-per-epoch",
          str(STEPS_PER_EPOCH), *SMALL_RUN, "--model-dir", str(tmp_path / "model"), "--profile-steps", "2"],
         cwd=REPO, env=clean_env(**gcs.environ(), AIP_TENSORBOARD_LOG_DIR="gs://profiled-job/logs/"),
         capture_output=True, text=True, timeout=560)
@@ -137,7 +137,7 @@ def test_a_parameter_server_coordinator_traces_its_side_of_the_steps(tmp_path, d
     their logs as they come: the coordinator's trace holds the steps it scheduled."""
     result = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", "--work-dir", str(tmp_path / "work"),
-         "--timeout", "500", "--", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
+         "--timeout", "500", "--", "python", "-m", "cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
          "--steps-per-epoch", str(STEPS_PER_EPOCH), *SMALL_RUN, "--model-dir", str(tmp_path / "out" / "model"),
          "--profile-steps", f"{FIRST}-{LAST}"],
         cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=560)

@@ -42,7 +42,7 @@ def free_ports(count: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def two_process_job(tmp_path_factory, data_root):
-    """A MultiWorkerMirrored job of two trainer.task processes started as a platform starts them,
+    """A MultiWorkerMirrored job of two cassava.task processes started as a platform starts them,
     each with its own stdout and stderr."""
     tmp_path = tmp_path_factory.mktemp("quiet")
     chief_port, worker_port = free_ports(2)
@@ -54,7 +54,7 @@ def two_process_job(tmp_path_factory, data_root):
         env = clean_env(**image_environment(), TMPDIR=str(scratch),
                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": 0}}))
         processes[role] = subprocess.Popen(
-            [sys.executable, "-m", "trainer.task", *HEALTHY_RUN, "--data-dir", str(data_root),
+            [sys.executable, "-m", "cassava.task", *HEALTHY_RUN, "--data-dir", str(data_root),
              "--model-dir", str(tmp_path / "model")],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -91,7 +91,7 @@ def test_the_export_saves_no_optimizer_and_loads_back_as_keras(two_process_job):
 def test_a_healthy_launcher_run_shows_no_runtime_line(tmp_path, data_root):
     """trainer.launch relays every task's stdout and stderr as one stream, without the known-
     harmless lines: a healthy job shows none of TensorFlow's C++ lines and no Keras warning."""
-    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--",
+    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m", "cassava.task",
                         *HEALTHY_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
                         env=clean_env(**image_environment()))
     assert result.returncode == 0, result.stdout[-4000:]
@@ -104,17 +104,17 @@ def test_a_healthy_launcher_run_shows_no_runtime_line(tmp_path, data_root):
 
 
 def test_a_bad_flag_is_one_line_on_stderr_through_the_relay():
-    result = run_module("trainer.task", "--epochs", "many", env=clean_env(**image_environment()))
+    result = run_module("cassava.task", "--epochs", "many", env=clean_env(**image_environment()))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "python -m trainer.task: error: argument --epochs: expected a whole number, got 'many' (--help lists the flags)"]
+        "python -m cassava.task: error: argument --epochs: expected a whole number, got 'many' (--help lists the flags)"]
 
 
 def test_a_bad_data_stop_is_its_line_on_stderr_through_the_relay(tmp_path):
     from integration.test_bad_data import SMALL_RUN, write_dataset
 
     dataset = write_dataset(tmp_path / "data", bad=4)
-    result = run_module("trainer.task", "--dataset", dataset, *SMALL_RUN, "--model-dir", str(tmp_path / "model"),
+    result = run_module("cassava.task", "--dataset", dataset, *SMALL_RUN, "--model-dir", str(tmp_path / "model"),
                         "--max-bad-examples", "3", "--steps-per-epoch", "6", env=clean_env(**image_environment()))
     assert result.returncode == 2, result.stderr[-3000:]
     assert_bad_data_stop_said(result.stderr)
@@ -203,7 +203,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_only_the_variable_the_images_set_turns_the_relay_on():
-    # Elsewhere (and under trainer.launch) trainer.task runs as the one process it was started as.
+    # Elsewhere (and under trainer.launch) cassava.task runs as the one process it was started as.
     script = "import os; from trainer import relay; relay.relay_stderr_if_asked(os.environ); print(os.getpid())"
     for value, relays in (("1", True), ("0", False), ("", False)):
         process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=clean_env(TRAINER_RELAY_STDERR=value),

@@ -42,7 +42,7 @@ def test_an_mwms_job_with_reducers_trains_without_waiting_for_them(variable, tmp
         env = clean_env(**{variable: localhost(environment[variable], addresses), "TMPDIR": str(tmp_path),
                            "PYTHONUNBUFFERED": "1"})
         processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "trainer.task", *TASK_ARGS, "--data-dir", str(data_root),
+            [sys.executable, "-m", "cassava.task", *TASK_ARGS, "--data-dir", str(data_root),
              "--model-dir", str(tmp_path / "out" / "model")],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs = {}

@@ -1,5 +1,5 @@
 """The exported model serves what clients send: encoded image bytes in, class names out, through
-the same decode and resize that validation runs; `trainer.predict` uses it from the command line.
+the same decode and resize that validation runs; `serving.predict` uses it from the command line.
 (The multi-worker and parameter-server exports are checked in test_mwms.py and
 test_parameter_server.py.)"""
 
@@ -16,7 +16,7 @@ import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf
 
 from helpers import REPO, clean_env, run_module
-from trainer import data, records, serving, synthetic
+from cassava import data, records, signature as serving, synthetic
 
 
 def photos(count: int, seed: int = 7) -> list[bytes]:
@@ -35,7 +35,7 @@ def trained(tmp_path_factory, data_root):
     computes in float32 whatever the job trained in, so its answers agree to 1e-5 across
     TensorFlow versions (a bfloat16 graph's differ by 4e-3 between TF 2.15 and 2.21)."""
     model_dir = tmp_path_factory.mktemp("serving") / "model"
-    result = run_module("trainer.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+    result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
                         "--image-size", "48", "--architecture", "small", "--weights", "none", "--mixed-precision", "bfloat16",
                         "--per-replica-batch-size", "4", "--data-dir", str(data_root), "--model-dir", str(model_dir))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -116,7 +116,7 @@ def test_predict_prints_each_files_class_and_probability(trained, tmp_path):
         path = tmp_path / f"leaf-{index}.{'png' if index == 2 else 'jpg'}"
         path.write_bytes(encoded)
         paths.append(str(path))
-    result = run_module("trainer.predict", str(trained), *paths)
+    result = run_module("serving.predict", str(trained), *paths)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [row[0] for row in rows] == paths
@@ -132,7 +132,7 @@ def test_predict_vertex_request_carries_the_files_bytes(trained, tmp_path):
     for index, content in enumerate(encoded):
         (tmp_path / f"{index}.jpg").write_bytes(content)
         paths.append(str(tmp_path / f"{index}.jpg"))
-    result = run_module("trainer.predict", str(trained), *paths, "--vertex-request")
+    result = run_module("serving.predict", str(trained), *paths, "--vertex-request")
     assert result.returncode == 0, result.stderr[-3000:]
     body = json.loads(result.stdout)
     assert [base64.b64decode(i["image_bytes"]["b64"]) for i in body["instances"]] == encoded
@@ -143,10 +143,10 @@ def test_predict_names_a_file_it_cannot_classify(trained, tmp_path):
     good, bad = tmp_path / "good.jpg", tmp_path / "bad.jpg"
     good.write_bytes(photos(1)[0])
     bad.write_bytes(photos(1)[0][:300])  # a truncated upload
-    result = run_module("trainer.predict", str(trained), str(good), str(bad))
+    result = run_module("serving.predict", str(trained), str(good), str(bad))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == f"trainer.predict: error: {bad}: not a whole JPEG, PNG, GIF or BMP image"
-    missing = run_module("trainer.predict", str(tmp_path / "no-model"), str(good))
+    assert result.stderr.strip().splitlines()[-1] == f"serving.predict: error: {bad}: not a whole JPEG, PNG, GIF or BMP image"
+    missing = run_module("serving.predict", str(tmp_path / "no-model"), str(good))
     assert missing.returncode == 2 and "no saved_model.pb there" in missing.stderr
-    absent = run_module("trainer.predict", str(trained), str(tmp_path / "absent.jpg"))
+    absent = run_module("serving.predict", str(trained), str(tmp_path / "absent.jpg"))
     assert absent.returncode == 2 and f"{tmp_path / 'absent.jpg'}: cannot read it" in absent.stderr

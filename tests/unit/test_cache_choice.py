@@ -3,7 +3,7 @@ warns on stderr, which Cloud Logging shows as an error)."""
 
 from __future__ import annotations
 
-from trainer import data
+from cassava import data
 
 
 def test_auto_caches_a_share_the_job_reads_whole():

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from cassava.task import CassavaTask
 from trainer.cluster import ClusterConfigError, resolve
 
 pytestmark = pytest.mark.unit
@@ -440,7 +441,7 @@ def test_parameter_server_strategy_on_a_reducer_job_is_one_line():
     cluster = resolve(env("TF_CONFIG", {"cluster": REDUCER_TF_CONFIG, "task": {"type": "chief", "index": 0},
                                         "job": vertex_job(REDUCER_IMAGE)}))
     with pytest.raises(config.ConfigError) as error:
-        config.parse(["--strategy", "parameter_server"], {}, cluster)
+        config.parse(["--strategy", "parameter_server"], {}, cluster, CassavaTask())
     assert str(error.value).startswith("--strategy parameter_server: this job's worker pool 2 holds 2 Reduction Server "
                                        "reducer(s), not parameter servers")
     assert "\n" not in str(error.value)

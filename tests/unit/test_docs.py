@@ -9,15 +9,15 @@ PROJECT or BUCKET are kept: they are valid arguments, and the code must accept t
   `--dry-run` added, `local` with `--print-compose` added (a JobSet rehearsal prints its JobSet
   instead), so each builds and prints its spec without credentials, network or containers, and
   every replica or pod a `--preempt` names must be one of the job's. The arguments after `--`
-  parse with trainer.task's parser.
-- `python -m trainer.task` and `python -m trainer.launch` parse with their real parsers; the
+  parse with cassava.task's parser.
+- `python -m cassava.task` and `python -m trainer.launch` parse with their real parsers; the
   project's other modules must exist, and every flag the command gives must be one their `--help`
   lists, with the required ones present; other modules must be installed (`-m pytest`: with the
   test paths it names).
 - other Python scripts must exist and declare every flag the command gives (read from their
   argparse calls);
 - `scripts/*.sh` must exist; `images.sh` takes one of the subcommands and flavours its header
-  documents, `test.sh -m` one of pytest's tiers, `run_local.sh` trainer.task's flags.
+  documents, `test.sh -m` one of pytest's tiers, `run_local.sh` cassava.task's flags.
 - `<!-- tested as written: PATH -->` right before a fence names a test file that exists and reads
   the page; `<!-- same as: PATH NAME -->` before a YAML block means the block equals the string
   constant NAME in PATH (so a document the docs show is one a test resolves).
@@ -172,9 +172,10 @@ def run_parser(parse, argv) -> str:
 
 
 def trainer_args_error(argv) -> str:
-    from trainer import config
+    from cassava.task import CassavaTask
+    from trainer import fit
 
-    return run_parser(config.build_parser().parse_args, argv)
+    return run_parser(fit.build_parser(CassavaTask(), "python -m cassava.task").parse_args, argv)
 
 
 def run_submit_job(argv) -> tuple[int, str, str]:
@@ -334,8 +335,8 @@ def test_the_docs_show_the_hand_written_jobset_a_test_resolves():
 def test_the_pages_show_commands_of_every_kind_this_test_checks():
     # Guards the parsing above: if it stopped finding commands, every check below would pass empty.
     found = {(c.kind, c.target) for c in COMMANDS}
-    for expected in [("script", "scripts/submit_job.py"), ("module", "trainer.task"), ("module", "trainer.launch"),
-                     ("module", "trainer.prepare"), ("module", "trainer.predict"), ("shell", "scripts/images.sh"),
+    for expected in [("script", "scripts/submit_job.py"), ("module", "cassava.task"), ("module", "trainer.launch"),
+                     ("module", "cassava.prepare"), ("module", "serving.predict"), ("shell", "scripts/images.sh"),
                      ("shell", "scripts/test.sh")]:
         assert expected in found, f"no {expected[1]} command found in the README or docs/"
     targets = {c.argv[0] for c in COMMANDS if c.target == "scripts/submit_job.py" and c.argv}
@@ -368,14 +369,16 @@ def check_module(command: Command) -> None:
         return
     path = REPO / Path(*module.split("."))
     assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), f"{command}: no module {module}"
-    if module == "trainer.task":
+    if module == "cassava.task":
         assert not (error := trainer_args_error(argv)), f"{command}: {error}"
     elif module == "trainer.launch":
         from trainer import launch
 
-        own, task_args = split_at_dashes(argv)
+        own, task_command = split_at_dashes(argv)
         assert not (error := run_parser(launch.build_parser().parse_args, own)), f"{command}: {error}"
-        assert not (error := trainer_args_error(task_args)), f"{command}: trainer.task refuses {task_args}: {error}"
+        assert task_command[:3] == ["python", "-m", "cassava.task"], f"{command}: tasks run {task_command[:3]}"
+        task_args = task_command[3:]
+        assert not (error := trainer_args_error(task_args)), f"{command}: cassava.task refuses {task_args}: {error}"
     elif any(a.startswith("--") for a in argv):
         known, required = usage_options(module_help(module))
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
@@ -422,7 +425,7 @@ def check_submit_job(command: Command) -> None:
                 pods = {pod["hostname"] for pod in jobset.jobset_pods(yaml.safe_load(out))}
                 for text in submit_job.build_local_parser().parse_args(options).preempt:
                     assert jobset.parse_eviction(text).replica in pods, f"{command}: {text} names no pod of {sorted(pods)}"
-                assert not (error := trainer_args_error(trainer_args)), f"{command}: trainer.task refuses {trainer_args}: {error}"
+                assert not (error := trainer_args_error(trainer_args)), f"{command}: cassava.task refuses {trainer_args}: {error}"
             return
         if "--spec" in options or "--real-gcs" in options or "-h" in options or "--help" in options:
             # A spec file the page makes on the way, or credentials: the options must parse.
@@ -453,7 +456,7 @@ def check_submit_job(command: Command) -> None:
         assert code == 0 and out.strip(), f"{command}: exit {code}: {last_line(err)}"
         if "--self-check" in own:
             return  # the arguments after -- are the self-check's (tests/unit/test_jobspec.py checks them)
-    assert not (error := trainer_args_error(trainer_args)), f"{command}: trainer.task refuses {trainer_args}: {error}"
+    assert not (error := trainer_args_error(trainer_args)), f"{command}: cassava.task refuses {trainer_args}: {error}"
 
 
 def check_shell_script(command: Command) -> None:

@@ -88,9 +88,10 @@ def test_hptune_job_loads_into_aiplatform_v1_types(name):
 
 
 def test_tuned_values_are_accepted_by_the_trainer_flags():
-    from trainer import config
+    from cassava.task import CassavaTask
+    from trainer import fit
 
-    parsed = config.build_parser().parse_args(["--learning-rate=0.00031", "--per-replica-batch-size=64.0"])
+    parsed = fit.build_parser(CassavaTask()).parse_args(["--learning-rate=0.00031", "--per-replica-batch-size=64.0"])
     assert (parsed.learning_rate, parsed.per_replica_batch_size) == (0.00031, 64)
 
 

@@ -4,7 +4,10 @@ what the final accuracy means."""
 
 import pytest
 
-from trainer import callbacks, config as config_lib, model as model_lib
+from cassava import model as model_lib
+from cassava import task as cassava_task
+from cassava.task import CassavaTask
+from trainer import config as config_lib
 from trainer.cluster import resolve
 
 SINGLE = resolve({})
@@ -12,19 +15,19 @@ SINGLE = resolve({})
 
 @pytest.mark.parametrize("weights, rate", [("imagenet", 1e-4), ("none", 1e-3)])
 def test_learning_rate_auto_fine_tunes_pretrained_weights_slowly_and_trains_from_scratch_faster(weights, rate):
-    assert config_lib.parse(["--weights", weights], {}, SINGLE).learning_rate == rate
-    assert config_lib.parse(["--weights", weights, "--learning-rate", "auto"], {}, SINGLE).learning_rate == rate
+    assert config_lib.parse(["--weights", weights], {}, SINGLE, CassavaTask()).learning_rate == rate
+    assert config_lib.parse(["--weights", weights, "--learning-rate", "auto"], {}, SINGLE, CassavaTask()).learning_rate == rate
 
 
 def test_a_learning_rate_given_wins_over_auto_whatever_the_weights():
-    assert config_lib.parse(["--weights", "none", "--learning-rate", "0.03"], {}, SINGLE).learning_rate == 0.03
-    assert config_lib.parse(["--learning-rate", "2e-5"], {}, SINGLE).learning_rate == 2e-5
+    assert config_lib.parse(["--weights", "none", "--learning-rate", "0.03"], {}, SINGLE, CassavaTask()).learning_rate == 0.03
+    assert config_lib.parse(["--learning-rate", "2e-5"], {}, SINGLE, CassavaTask()).learning_rate == 2e-5
 
 
 @pytest.mark.parametrize("text", ["0", "-1e-3", "fast"])
 def test_a_learning_rate_that_is_not_positive_is_a_one_line_error(text, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        config_lib.parse(["--learning-rate", text], {}, SINGLE)
+        config_lib.parse(["--learning-rate", text], {}, SINGLE, CassavaTask())
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
 
@@ -74,8 +77,8 @@ def test_resnet50_fine_tuning_a_weights_file_tracks_its_batch_statistics_as_fast
     ({"accuracy": 0.5}, "final accuracy=0.5000: the share of training images (no validation data)"),
 ])
 def test_the_last_line_says_what_the_accuracy_means(logs, says):
-    assert says in callbacks.accuracy_meaning(logs, 5)
+    assert says in cassava_task.accuracy_meaning(logs, 5)
 
 
 def test_no_accuracy_no_line():
-    assert callbacks.accuracy_meaning({"loss": 0.1}, 5) is None
+    assert cassava_task.accuracy_meaning({"loss": 0.1}, 5) is None

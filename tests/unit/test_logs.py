@@ -27,7 +27,7 @@ def test_the_runtimes_harmless_lines_are_recognised():
 
 def test_other_warnings_and_errors_are_kept():
     for line in ("W0000 00:00:1.0 1 op_kernel.cc:1780] OP_REQUIRES failed at xla_ops.cc:296 : UNIMPLEMENTED",
-                 "trainer.task: error: lost worker-0 of this multi_worker_mirrored job",
+                 "cassava.task: error: lost worker-0 of this multi_worker_mirrored job",
                  "F0000 00:00:1.0 1 dataset.cc:12] Check failed: GeneratorDataset"):
         assert not relay.is_harmless(line)
 

@@ -114,7 +114,7 @@ def test_the_container_gets_the_variables_vertex_documents():
                    "AIP_PROJECT_NUMBER": "000000000000", "AIP_MODEL_NAME": "cassava-classifier",
                    "AIP_ENDPOINT_ID": "cassava-classifier", "AIP_DEPLOYED_MODEL_ID": "42"}
     # and the server takes its settings from exactly these
-    from trainer import server
+    from serving import server
 
     settings = server.settings_from([], env)
     assert (settings.port, settings.predict_route, settings.health_route, settings.model_dir) == (

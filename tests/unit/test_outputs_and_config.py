@@ -2,9 +2,12 @@
 
 import pytest
 
+from cassava.spec import DatasetSpec
+from cassava.task import CassavaTask
 from trainer import config as config_lib
 from trainer import launch, outputs, strategy
 from trainer.cluster import resolve
+from trainer.tasks import DataError
 
 pytestmark = pytest.mark.unit
 
@@ -51,15 +54,16 @@ def test_vertex_tuning_path_that_already_names_the_trial_is_kept():
 
 def test_config_trial_comes_from_cluster_spec():
     cluster = resolve({"CLUSTER_SPEC": '{"cluster": {"master": ["m:1"]}, "task": {"type": "master", "index": 0, "trial": "5"}}'})
-    config = config_lib.parse(["--model-dir", "/out/model", "--weights", "none"], {}, cluster)
+    config = config_lib.parse(["--model-dir", "/out/model", "--weights", "none"], {}, cluster, CassavaTask())
     assert config.model_dir == "/out/model/trial-5"
     assert config.checkpoint_dir == "/out/checkpoints/trial-5"
 
 
 def test_flag_defaults_follow_the_lab():
-    config = config_lib.parse([], {}, SINGLE)
-    assert (config.per_replica_batch_size, config.image_size, config.weights) == (64, 300, "imagenet")
-    assert config.dataset == config_lib.DatasetSpec("tfds", "cassava")
+    config = config_lib.parse([], {}, SINGLE, CassavaTask())
+    flags = config.task_flags
+    assert (config.per_replica_batch_size, flags.image_size, flags.weights) == (64, 300, "imagenet")
+    assert flags.dataset == DatasetSpec("tfds", "cassava")
     assert config.hypertune_metric == "accuracy"
 
 
@@ -74,7 +78,7 @@ def test_flag_defaults_follow_the_lab():
 ])
 def test_bad_flag_values_are_argparse_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        config_lib.parse(argv, {}, SINGLE)
+        config_lib.parse(argv, {}, SINGLE, CassavaTask())
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
 
@@ -82,12 +86,14 @@ def test_bad_flag_values_are_argparse_errors(argv, capsys):
 def test_parameter_server_without_ps_is_a_config_error():
     cluster = resolve({"TF_CONFIG": '{"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "chief", "index": 0}}'})
     with pytest.raises(config_lib.ConfigError, match="needs ps tasks"):
-        config_lib.parse(["--strategy", "parameter_server"], {}, cluster)
+        config_lib.parse(["--strategy", "parameter_server"], {}, cluster, CassavaTask())
 
 
-def test_missing_weights_file_is_a_config_error(tmp_path):
-    with pytest.raises(config_lib.ConfigError, match="no such file"):
-        config_lib.parse(["--weights", str(tmp_path / "absent.h5")], {}, SINGLE)
+def test_missing_weights_file_is_a_data_error_before_any_data_is_read(tmp_path):
+    task = CassavaTask()
+    flags = config_lib.parse(["--weights", str(tmp_path / "absent.h5")], {}, SINGLE, task).task_flags
+    with pytest.raises(DataError, match="no such file"):
+        task.prepare(flags)
 
 
 @pytest.mark.parametrize("environ, expected", [
@@ -124,7 +130,7 @@ def test_backup_every_steps_is_auto_by_default_zero_per_epoch_or_a_count():
     from trainer.cluster import resolve
 
     cluster = resolve({})
-    parse = lambda *argv: config_lib.parse(list(argv), {}, cluster).backup_every_steps  # noqa: E731
+    parse = lambda *argv: config_lib.parse(list(argv), {}, cluster, CassavaTask()).backup_every_steps  # noqa: E731
     assert parse() is None  # auto
     assert parse("--backup-every-steps", "0") == 0
     assert parse("--backup-every-steps", "250") == 250
@@ -133,10 +139,10 @@ def test_backup_every_steps_is_auto_by_default_zero_per_epoch_or_a_count():
 
 
 def test_a_wrong_flag_is_one_line_and_exit_2(capsys):
-    from trainer import config
+    from trainer import fit
 
     with pytest.raises(SystemExit) as stopped:
-        config.build_parser().parse_args(["--per-replica-batch-size", "0"])
+        fit.build_parser(CassavaTask()).parse_args(["--per-replica-batch-size", "0"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "python -m trainer.task: error: argument --per-replica-batch-size: must be positive, got 0 (--help lists the flags)"]
+        "python -m cassava.task: error: argument --per-replica-batch-size: must be positive, got 0 (--help lists the flags)"]

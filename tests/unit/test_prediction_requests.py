@@ -1,4 +1,4 @@
-"""trainer.instances and trainer.server's settings: what a prediction request must hold, what an
+"""serving.instances and serving.server's settings: what a prediction request must hold, what an
 image's header declares before anything decodes it, and how Vertex AI's variables become settings."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from trainer import instances, server
+from serving import instances, server
 
 LIMITS = instances.Limits(max_instances=4, max_image_pixels=1_000_000)
 
@@ -133,4 +133,4 @@ def test_a_malformed_flag_is_one_line_and_exit_2(capsys):
         server.settings_from(["--max-instances", "0", "--model-dir", "m"], {})
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "python -m trainer.server: error: argument --max-instances: expected a positive number, got '0' (--help lists the flags)"]
+        "python -m serving.server: error: argument --max-instances: expected a positive number, got '0' (--help lists the flags)"]

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from helpers import REPO, clean_env
+from cassava.task import CassavaTask
 from trainer import config
 from trainer.cluster import resolve
 
@@ -23,15 +24,15 @@ def test_a_profile_range_that_cannot_be_one_is_refused(text):
 
 def test_profiling_is_off_by_default_and_on_the_chief_when_asked():
     cluster = resolve({})
-    assert config.parse([], {}, cluster).profile_steps is None
-    parsed = config.parse(["--profile-steps", "10-15"], {}, cluster)
+    assert config.parse([], {}, cluster, CassavaTask()).profile_steps is None
+    parsed = config.parse(["--profile-steps", "10-15"], {}, cluster, CassavaTask())
     assert (parsed.profile_steps, parsed.profile_tasks) == ((10, 15), "chief")
-    assert config.parse(["--profile-steps", "2", "--profile-tasks", "all"], {}, cluster).profile_tasks == "all"
+    assert config.parse(["--profile-steps", "2", "--profile-tasks", "all"], {}, cluster, CassavaTask()).profile_tasks == "all"
 
 
 def test_parsing_the_flags_does_not_load_tensorflow():
-    """trainer.task parses its flags before it hands stderr to the relay that filters
+    """cassava.task parses its flags before it hands stderr to the relay that filters
     TensorFlow's load-time lines (trainer.logs): loading TensorFlow earlier would print them."""
-    result = subprocess.run([sys.executable, "-c", "import sys, trainer.task; print('tensorflow' in sys.modules)"],
+    result = subprocess.run([sys.executable, "-c", "import sys, cassava.task; print('tensorflow' in sys.modules)"],
                             cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr

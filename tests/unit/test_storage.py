@@ -47,12 +47,13 @@ def test_other_errors_are_not_storage_errors(raised):
 
 
 def test_the_task_sets_the_gcs_client_settings_unless_the_user_did():
-    from trainer import cluster as cluster_lib, task
+    from trainer import cluster as cluster_lib
+    from trainer import fit
 
     cluster = cluster_lib.resolve({})
     environ = {}
-    task.prepare_environment(cluster, "mirrored", environ)
+    fit.prepare_environment(cluster, "mirrored", environ)
     assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == storage.CLIENT_ENVIRONMENT["GCS_READ_CACHE_BLOCK_SIZE_MB"]
     environ = {"GCS_READ_CACHE_BLOCK_SIZE_MB": "64"}
-    task.prepare_environment(cluster, "mirrored", environ)
+    fit.prepare_environment(cluster, "mirrored", environ)
     assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "64"

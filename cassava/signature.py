@@ -3,12 +3,12 @@
 - `serving_default` takes `image_bytes`, a batch of encoded JPEG or PNG images, as Vertex AI
   prediction and TF Serving clients send them (Vertex decodes `{"image_bytes": {"b64": ...}}`
   into bytes for an input whose name ends in `_bytes`). Each image goes through
-  `trainer.data.decode_resize`, the very function validation runs, inside the SavedModel.
+  `cassava.data.decode_resize`, the very function validation runs, inside the SavedModel.
 - `serving_pixels` takes `image`, uint8 [N, size, size, 3], already decoded and resized.
 
 Both return `probabilities` (float32 [N, classes]), `class_index` (int64 [N]) and `class_name`
 (string [N], from the dataset's class names). Callers pass a float32 model
-(`trainer.model.float32_copy`), whatever the job trained in.
+(`cassava.model.float32_copy`), whatever the job trained in.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from trainer import data
+from cassava import data
 
 BYTES_SIGNATURE = "serving_default"
 PIXELS_SIGNATURE = "serving_pixels"

@@ -2,10 +2,10 @@
 
 `tfds:NAME` runs TFDS's download_and_prepare into --data-dir (gs:// allowed); `synthetic:N`
 generates data into a local cache; `tfrecord:GLOB` lists existing files and reads the classes
-from the `dataset.json` beside them (trainer.records). Where that file describes each shard,
+from the `dataset.json` beside them (cassava.records). Where that file describes each shard,
 start-up reads no data: counts come from it, and a file whose size differs from it is a
 DataError naming the file; a label outside the classes is found as the input pipeline reads it
-(trainer.data). Files it does not describe are read to their end before training, which finds both.
+(cassava.data). Files it does not describe are read to their end before training, which finds both.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ import os
 
 import tensorflow as tf
 
-from trainer import records, synthetic
-from trainer.config import DatasetSpec
-from trainer.data import Split
+from cassava import records, synthetic
+from cassava.data import Split
+from cassava.spec import DatasetSpec
+from trainer import tasks
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "cassava-trainer")
 DEFAULT_CLASS_NAMES = records.CASSAVA_CLASS_NAMES
 
 
-class DataError(ValueError):
+class DataError(tasks.DataError):
     """The data named on the command line cannot be read. str() is one line."""
 
 
@@ -60,7 +61,7 @@ def class_names_of(described: dict[str, records.Metadata | None], spec: DatasetS
     files are in must describe the same classes; with no dataset.json anywhere, cassava's."""
     found = {d: m for d, m in described.items() if m is not None}
     if not found:
-        return DEFAULT_CLASS_NAMES, f"cassava's, as no {records.METADATA_FILE} is beside the files (trainer.prepare writes one)"
+        return DEFAULT_CLASS_NAMES, f"cassava's, as no {records.METADATA_FILE} is beside the files (cassava.prepare writes one)"
     directory, metadata = next(iter(found.items()))
     for other, other_metadata in described.items():
         if other_metadata is None or other_metadata.class_names != metadata.class_names:
@@ -86,7 +87,7 @@ def _tfrecord_split(spec: DatasetSpec, split: str) -> Split:
         else:
             summaries = records.scan_files(files)
     except records.CorruptFile as error:
-        raise DataError(f"--dataset {spec}: {error}; upload it again or rerun trainer.prepare") from None
+        raise DataError(f"--dataset {spec}: {error}; upload it again or rerun cassava.prepare") from None
     for summary in summaries:
         if summary.examples and summary.expected_bytes is None and (summary.min_label < 0 or summary.max_label >= len(class_names)):
             label = summary.max_label if summary.max_label >= len(class_names) else summary.min_label

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import struct
 
-INPUT = "image_bytes"  # the serving_default signature's input (trainer.serving.BYTES_INPUT)
+INPUT = "image_bytes"  # the serving_default signature's input (cassava.signature.BYTES_INPUT)
 SHAPE = '{"instances": [{"image_bytes": {"b64": "..."}}]}'
 
 
@@ -112,7 +112,7 @@ _SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 def _jpeg(image: bytes) -> int | None:
     # A whole JPEG ends with its end-of-image marker, within its last KiB (some cameras append
-    # metadata): trainer.data.looks_decodable's rule, so a truncated upload is refused, not decoded grey.
+    # metadata): cassava.data.looks_decodable's rule, so a truncated upload is refused, not decoded grey.
     if b"\xff\xd9" not in image[-1024:]:
         return None
     at = 2

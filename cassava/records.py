@@ -191,7 +191,7 @@ def described_summaries(files: Sequence[str], metadata: dict[str, Metadata | Non
     """Each file's example count from the dataset.json of its directory (`metadata`: directory ->
     what read_metadata returned), or None when any file is not described there (then they must
     be scanned). Labels are not known this way: the input pipeline checks them as it reads them
-    (trainer.data)."""
+    (cassava.data)."""
     described_files = {
         directory: {name: entry for split in m.splits.values() for name, entry in (split.get("files") or {}).items()}
         for directory, m in metadata.items() if m is not None}
@@ -207,7 +207,7 @@ def described_summaries(files: Sequence[str], metadata: dict[str, Metadata | Non
 
 def check_described(summaries: Sequence[FileSummary]) -> None:
     """Raises CorruptFile for the first file whose size is not the one dataset.json recorded:
-    a truncated upload, or a file replaced without rerunning trainer.prepare. Reads no data."""
+    a truncated upload, or a file replaced without rerunning cassava.prepare. Reads no data."""
     sizes = _stat_sizes([summary.path for summary in summaries])
     for summary in summaries:
         if sizes[summary.path] != summary.expected_bytes:

@@ -8,7 +8,7 @@ Order of work, and why:
    the most expensive step.
 2. Decode and resize once, to the model's input size, in uint8: `decode_resize`, the one
    preprocessing function. Validation, the exported model's serving signature and
-   `trainer.predict` call the same function, so what a model is served is what it was validated
+   `serving.predict` call the same function, so what a model is served is what it was validated
    on. JPEGs much larger than the target are decoded at a reduced DCT scale, which is nearly free
    and visually exact. Casting and normalising happen on the device, in the model's first layer,
    so the host ships a quarter of float32's bytes.
@@ -20,7 +20,7 @@ Order of work, and why:
 5. Cache the decoded batches in memory when they fit, so later epochs skip decoding. The first
    pass fills the cache in the order shuffled above; every later pass reshuffles the cached
    images, so every epoch still sees a new order and new batches. Augmentation (random crops and
-   flips) is not done here: it is layers at the front of the model (trainer.model), which run
+   flips) is not done here: it is layers at the front of the model (cassava.model), which run
    on the accelerator and only in training.
 
 An image that cannot be decoded (not an image, cut short, corrupt) is skipped with a warning
@@ -210,7 +210,7 @@ _PNG_END = b"IEND\xaeB`\x82"
 def looks_decodable(encoded: tf.Tensor) -> tf.Tensor:
     """Whether `encoded` is a whole JPEG, PNG, GIF or BMP, from its first and last bytes only:
     catches what goes wrong in practice (other files, truncated uploads) in a few microseconds,
-    before a decode fails on it (trainer.predict, trainer.prepare)."""
+    before a decode fails on it (serving.predict, cassava.prepare)."""
     length = tf.strings.length(encoded)
     head = tf.strings.substr(encoded, 0, 8)
     tail = tf.io.decode_raw(tf.strings.substr(encoded, tf.maximum(length - _JPEG_TAIL_BYTES, 0), _JPEG_TAIL_BYTES),

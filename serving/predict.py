@@ -1,12 +1,12 @@
 """Classifies image files with an exported model, through the model's own serving signature.
 
-    python -m trainer.predict MODEL_DIR IMAGE [IMAGE ...]
-    python -m trainer.predict MODEL_DIR IMAGE [IMAGE ...] --vertex-request > request.json
+    python -m serving.predict MODEL_DIR IMAGE [IMAGE ...]
+    python -m serving.predict MODEL_DIR IMAGE [IMAGE ...] --vertex-request > request.json
 
 Prints one line per image: its path, the class name and the probability of that class. The
 images are sent to the SavedModel's `serving_default` signature as encoded bytes, exactly as a
 Vertex AI endpoint or TF Serving receives them; the model decodes and resizes them itself with
-the function training validated on (trainer.serving). MODEL_DIR and the images may be gs://
+the function training validated on (cassava.signature). MODEL_DIR and the images may be gs://
 paths.
 
 With --vertex-request it prints instead the JSON body of a Vertex AI prediction request for
@@ -39,7 +39,7 @@ class PredictError(RuntimeError):
 
 def vertex_request(images: Sequence[bytes]) -> dict:
     """The body of a Vertex AI online prediction request for the serving_default signature."""
-    from trainer import serving
+    from cassava import signature as serving
 
     return {"instances": [{serving.BYTES_INPUT: {"b64": base64.b64encode(image).decode("ascii")}} for image in images]}
 
@@ -67,7 +67,7 @@ def check_model_dir(model_dir: str) -> None:
 def load_signature(model_dir: str):
     import tensorflow as tf
 
-    from trainer import serving
+    from cassava import signature as serving
 
     check_model_dir(model_dir)
     loaded = tf.saved_model.load(model_dir)
@@ -83,7 +83,7 @@ def classify(signature, paths: Sequence[str], images: Sequence[bytes]) -> list[t
     """(path, class name, probability) for each image."""
     import tensorflow as tf
 
-    from trainer import data, serving
+    from cassava import data, signature as serving
 
     for path, image in zip(paths, images):
         # A check of first and last bytes: a truncated upload or another kind of file is named
@@ -112,7 +112,7 @@ def classify(signature, paths: Sequence[str], images: Sequence[bytes]) -> list[t
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.predict", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.predict", description=__doc__.split("\n")[0])
     parser.add_argument("model_dir", help="the exported SavedModel (the training job's --model-dir)")
     parser.add_argument("images", nargs="+", help="image files (JPEG or PNG; gs:// allowed)")
     parser.add_argument("--vertex-request", action="store_true",
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path, name, probability in classify(signature, args.images, images):
             print(f"{path}\t{name}\t{probability:.4f}")
     except PredictError as error:
-        print(f"trainer.predict: error: {error}", file=sys.stderr)
+        print(f"serving.predict: error: {error}", file=sys.stderr)
         return 2
     return 0
 

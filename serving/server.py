@@ -1,6 +1,6 @@
 """The prediction image's HTTP server: an exported model behind Vertex AI's custom-container contract.
 
-    python -m trainer.server [--model-dir DIR] [--host H] [--port P] [limits]
+    python -m serving.server [--model-dir DIR] [--host H] [--port P] [limits]
 
 Vertex AI's "Custom container requirements for prediction"
 (https://cloud.google.com/vertex-ai/docs/predictions/custom-container-requirements) is what it meets:
@@ -10,14 +10,14 @@ Vertex AI's "Custom container requirements for prediction"
   before: the port opens at once (Vertex's liveness probe is a TCP connect) while the model loads;
 - AIP_PREDICT_ROUTE takes `{"instances": [{"image_bytes": {"b64": ...}}, ...]}` and answers
   `{"predictions": [{"class_name", "class_index", "probabilities"}, ...]}`, what the SavedModel's
-  serving_default returns (trainer/serving.py), as Vertex's prebuilt TensorFlow containers answer;
+  serving_default returns (cassava/signature.py), as Vertex's prebuilt TensorFlow containers answer;
 - the model comes from AIP_STORAGE_URI (Vertex's copy of the Model's artifactUri, a gs:// path),
   read by TensorFlow's own Cloud Storage file system, as the trainer writes it: no other client;
 - SIGTERM stops it cleanly: no new connections, the requests in progress answered (for up to
   GRACE_SECONDS), exit code 0.
 Flags override the variables, so one image runs anywhere.
 
-A bad request is answered 400, 408 or 413 with `{"error": "<one line>"}` (trainer/instances.py
+A bad request is answered 400, 408 or 413 with `{"error": "<one line>"}` (serving/instances.py
 says what is checked), and the server goes on serving; no response carries a stack trace. What a
 client can make it hold is bounded: the body (--max-request-bytes, refused by its Content-Length
 before it is read), the images in one request (--max-instances), the pixels one image may decode
@@ -60,7 +60,7 @@ DEFAULT_MAX_CONNECTIONS = 64
 # After SIGTERM, how long requests in progress may take; Kubernetes, which Vertex's prediction
 # nodes run on, kills a container 30 s after its SIGTERM by default.
 GRACE_SECONDS = 20
-# Images answered through one call of the model: trainer.predict's batch.
+# Images answered through one call of the model: serving.predict's batch.
 DEFAULT_MAX_BATCH = 32
 
 log = logging.getLogger("trainer")
@@ -100,12 +100,12 @@ def _positive(kind):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse's own prints the usage first)
-        self.exit(2, f"python -m trainer.server: error: {message} (--help lists the flags)\n")
+        self.exit(2, f"python -m serving.server: error: {message} (--help lists the flags)\n")
 
 
 def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     """The flags, each defaulting to the variable Vertex AI sets for it."""
-    parser = _Parser(prog="python -m trainer.server", description=__doc__.split("\n")[0],
+    parser = _Parser(prog="python -m serving.server", description=__doc__.split("\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-dir", default=environ.get("AIP_STORAGE_URI"),
                         help="the exported SavedModel, local or gs://; AIP_STORAGE_URI when it is set")
@@ -172,7 +172,7 @@ def build_app(settings: Settings, state: _State):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from trainer import instances, predictor as predictor_lib
+    from serving import instances, predictor as predictor_lib
 
     limits = instances.Limits(settings.max_instances, settings.max_image_pixels)
 
@@ -364,7 +364,7 @@ def serve(settings: Settings) -> int:
     """Runs until SIGTERM or SIGINT (exit 0), or until the model cannot be loaded (exit 1)."""
     import uvicorn
 
-    from trainer import predict, predictor as predictor_lib
+    from serving import predict, predictor as predictor_lib
 
     state = _State()
     config = uvicorn.Config(
@@ -402,7 +402,7 @@ def serve(settings: Settings) -> int:
         if state.predictor is not None:
             state.predictor.close()
     if failure:
-        print(f"python -m trainer.server: error: {failure[0]}", file=sys.stderr)
+        print(f"python -m serving.server: error: {failure[0]}", file=sys.stderr)
         return 1
     reason = signal.Signals(stops[0]).name if stops else "a stop"
     log.info("stopped on %s after %d prediction requests", reason, state.requests)
@@ -413,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(argv)
     except ConfigError as error:
-        print(f"python -m trainer.server: error: {error}", file=sys.stderr)
+        print(f"python -m serving.server: error: {error}", file=sys.stderr)
         return 2
     configure_logging(settings.access_log)
     return serve(settings)

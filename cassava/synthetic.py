@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from trainer import records
+from cassava import records
 
 CLASS_NAMES = records.CASSAVA_CLASS_NAMES
 # Part of the cache directory's name: bump it when what `ensure` writes changes (2: dataset.json).

@@ -1,6 +1,6 @@
 """The classifier: augmentation, ResNet50 without its top, average pooling, a dense head.
 
-The model takes uint8 images at its input size, exactly as `trainer.data.decode_resize` makes
+The model takes uint8 images at its input size, exactly as `cassava.data.decode_resize` makes
 them, and does everything else itself, on the device: the cast and ResNet50's normalisation,
 then, in training only, a random crop and flips. The input pipeline ships a quarter of the bytes
 float32 would need and caches images at the size the model takes.
@@ -8,12 +8,9 @@ float32 would need and caches images at the size the model takes.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import tensorflow as tf
 
-from trainer import input_wait
+from trainer import precision
 
 HEAD_UNITS = 1024
 # ResNet50's ImageNet preprocessing ("caffe" mode): BGR channel order, mean subtracted.
@@ -141,32 +138,16 @@ def warmup_steps(weights: str, steps_per_epoch: int) -> int:
     return steps_per_epoch if weights == "none" else 0
 
 
-def compile_model(model: tf.keras.Model, learning_rate: float, steps_per_execution: int, jit_compile: bool,
-                  warmup: int = 0, input_lanes: int = 1) -> None:
-    """`warmup`: steps of linear learning-rate warm-up (warmup_steps), 0 for none. Each train step
-    also measures its wait for input (trainer.input_wait; `input_lanes` replicas step side by
-    side), except under XLA, which cannot compile a timestamp."""
-    rate = LinearWarmup(learning_rate, warmup) if warmup else learning_rate
-    model.compile(
-        optimizer=tf.keras.optimizers.Adam(rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-        steps_per_execution=steps_per_execution,
-        jit_compile=jit_compile,
-    )
-    if not jit_compile:
-        input_wait.install(model, input_lanes)
+LOSS = "sparse_categorical_crossentropy"
 
 
-@contextlib.contextmanager
-def float32_policy() -> Iterator[None]:
-    """Layers built inside compute in float32, whatever policy the job trains in."""
-    trained_in = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy("float32")
-    try:
-        yield
-    finally:
-        tf.keras.mixed_precision.set_global_policy(trained_in)
+def metrics() -> list:
+    return ["accuracy"]
+
+
+def optimizer(learning_rate: float, warmup: int = 0) -> tf.keras.optimizers.Optimizer:
+    """Adam, its rate ramped up linearly over `warmup` steps (warmup_steps), 0 for none."""
+    return tf.keras.optimizers.Adam(LinearWarmup(learning_rate, warmup) if warmup else learning_rate)
 
 
 def float32_copy(model: tf.keras.Model, num_classes: int, image_size: int, architecture: str, seed: int = 0
@@ -184,7 +165,7 @@ def float32_copy(model: tf.keras.Model, num_classes: int, image_size: int, archi
     statistic is read as the mean over the workers): every task must call this.
     """
     weights = model.get_weights()
-    with float32_policy():
+    with precision.float32_policy():
         copy = build(num_classes, image_size, "none", architecture, seed)
     copy.set_weights(weights)
     return copy

@@ -2,9 +2,9 @@
 plain values.
 
 Requests that arrive together are answered by one call of the SavedModel's `serving_default`, up
-to `max_batch` images (trainer.predict's batch), as trainer.predict answers a list of files: where
+to `max_batch` images (serving.predict's batch), as serving.predict answers a list of files: where
 a larger batch uses the machine better (many cores, a small model, an accelerator), a server under
-load then runs at trainer.predict's batch rate (benchmarks/serving_load.py measures both). A lone
+load then runs at serving.predict's batch rate (benchmarks/serving_load.py measures both). A lone
 request is answered at once; nothing waits for a batch to fill. One thread calls the model, so at
 most one batch of images is decoded at a time, whatever the number of clients.
 
@@ -131,7 +131,7 @@ class Predictor:
     def _call(self, images: list[bytes]) -> list[dict]:
         import tensorflow as tf
 
-        from trainer import serving
+        from cassava import signature as serving
 
         padded = images + images[-1:] * (padded_size(len(images), self.max_batch) - len(images))
         outputs = self.signature(**{serving.BYTES_INPUT: tf.constant(padded)})
@@ -151,12 +151,12 @@ def padded_size(size: int, max_batch: int) -> int:
 def load(model_dir: str, max_batch: int) -> tuple[Predictor, int]:
     """The model at `model_dir` (a local path or gs://, read by TensorFlow's own file systems),
     warmed up with one generated image, so that the first client does not pay for the first call.
-    Returns the predictor and its number of classes. Raises trainer.predict.PredictError (one
+    Returns the predictor and its number of classes. Raises serving.predict.PredictError (one
     line) for a directory that holds no export, or an export without the bytes signature."""
     import numpy as np
     import tensorflow as tf
 
-    from trainer import predict
+    from serving import predict
 
     predictor = Predictor(predict.load_signature(model_dir), max_batch)
     grey = tf.io.encode_jpeg(np.full((64, 64, 3), 128, np.uint8)).numpy()

@@ -1,7 +1,7 @@
 """Prepares training data as sharded TFRecords that `--dataset tfrecord:GLOB` reads.
 
-    python -m trainer.prepare --source tfds:cassava --data-dir gs://B/tfds --output gs://B/cassava --shards 16
-    python -m trainer.prepare --source folder:/path/to/images --output /data/cassava --shards 8
+    python -m cassava.prepare --source tfds:cassava --data-dir gs://B/tfds --output gs://B/cassava --shards 16
+    python -m cassava.prepare --source folder:/path/to/images --output /data/cassava --shards 8
 
 `tfds:NAME` runs TFDS's download_and_prepare into --data-dir and rewrites every split it has.
 `folder:PATH` reads PATH/<class>/<image> (one subfolder per class, any number of classes, in
@@ -9,13 +9,13 @@ sorted order, or in cassava's order when the names are cassava's) into one split
 (train); run it again with another --split and folder for validation data.
 Each split is written as `<split>-KKKKK-of-NNNNN.tfrecord` with examples dealt round-robin, so
 shards differ by at most one example and workers reading whole files get equal work. Beside
-them, `dataset.json` (trainer.records) names the classes in label order and counts each split;
+them, `dataset.json` (cassava.records) names the classes in label order and counts each split;
 the trainer reads the classes from it. An output directory whose dataset.json names other
 classes is refused before anything is written.
 
 Every image is decoded before it is written: one that cannot be is skipped and named, and the
 summary counts them; with no readable image at all the command exits 2. Images that are not
-JPEG, or whose first and last bytes look cut short (trainer.data.looks_decodable), are
+JPEG, or whose first and last bytes look cut short (cassava.data.looks_decodable), are
 re-encoded as JPEG. Long runs print their progress every few seconds.
 """
 
@@ -47,7 +47,7 @@ def readable(examples: Iterable[tuple[bytes, int, str]], split: str, tally: Tall
     """The examples whose image decodes, as JPEG; names every one skipped and reports progress."""
     import tensorflow as tf
 
-    from trainer import data
+    from cassava import data
 
     started = last_report = time.monotonic()
     for encoded, label, example_id in examples:
@@ -74,7 +74,7 @@ def folder_classes(root: str) -> list[str]:
     are cassava's (so labels match TFDS cassava's)."""
     import tensorflow as tf
 
-    from trainer.records import CASSAVA_CLASS_NAMES
+    from cassava.records import CASSAVA_CLASS_NAMES
 
     classes = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(root) if tf.io.gfile.isdir(os.path.join(root, d)))
     if not classes:
@@ -114,7 +114,7 @@ def tfds_source(name: str, data_dir: str | None) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.prepare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cassava.prepare", description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="tfds:NAME or folder:PATH")
     parser.add_argument("--output", required=True, help="directory for the TFRecords and dataset.json (gs:// allowed)")
     parser.add_argument("--shards", type=int, default=16, help="files per split")
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.shards < 1:
         parser.error("--shards must be at least 1")
 
-    from trainer import records
+    from cassava import records
 
     total = Tally()
     try:
@@ -149,10 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             total.skipped += tally.skipped
     except Exception as error:  # TFDS, gfile and decoding raise many types; one line for the user
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"trainer.prepare: error: {message}", file=sys.stderr)
+        print(f"cassava.prepare: error: {message}", file=sys.stderr)
         return 2
     if total.written == 0:
-        print(f"trainer.prepare: error: no readable image in {args.source} ({total.skipped} unreadable skipped)",
+        print(f"cassava.prepare: error: no readable image in {args.source} ({total.skipped} unreadable skipped)",
               file=sys.stderr)
         return 2
     print(f"prepare: wrote {records.metadata_path(args.output)}", flush=True)

@@ -1,0 +1,58 @@
+"""What every command's flags share: one-line errors and the number checks.
+
+argparse prints its whole usage block before an error, forty lines for the trainer. In a job's
+log, where a platform reads every stderr line as an error and prints a restarted replica's again,
+that buries the one line that says what is wrong. So every parser of the project is a
+`OneLineParser`: the error, a pointer to --help, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
+def whole_number(text: str) -> int:
+    """An integer, also written as a float without a fraction: tuning services may pass a discrete
+    value as "64.0"."""
+    try:
+        number = float(text)
+        value = int(number)
+        if value != number:
+            raise ValueError
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    return value
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """A flag type: a whole number >= `minimum`."""
+
+    def parse(text: str) -> int:
+        value = whole_number(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"must be positive, got {value}" if minimum == 1 else f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "positive_int" if minimum == 1 else f"int_at_least_{minimum}"
+    return parse
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
