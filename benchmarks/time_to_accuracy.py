@@ -48,7 +48,7 @@ them must reach the target sooner than the trainer's best from random weights.
 
 The last line, `summary: trainer_over_lab=R` (or `<=R`), is the trainer's time over the lab's
 when both fine-tune. The results go to benchmarks/results/time_to_accuracy/<machine kind>.md
-(machine.write_results).
+(machine.write_results), and the raw rounds report() writes them from to the .json beside it.
 """
 
 from __future__ import annotations
