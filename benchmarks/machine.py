@@ -3,6 +3,7 @@ from two CPU kinds must never be compared unlabelled, so each kind has its own r
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -44,15 +45,36 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"benchmarks/{script}", *map(shlex.quote, args)])
 
 
-def write_results(benchmark: str, command: str, date: str, body: str, root: str | None = None) -> str:
+def heading(benchmark: str, command: str, date: str) -> dict:
+    """What a results file's first lines say: the benchmark, this machine, the date and the command."""
+    return {"benchmark": benchmark, "cpu_model": cpu_model(), "date": date, "command": command,
+            "cpus": os.cpu_count(), "arch": platform.machine()}
+
+
+def results_text(head: dict, body: str) -> str:
+    """A results file: a heading naming the machine, the date, the command that produced it and the
+    core count (every benchmark here is bound by the CPU), then `body`."""
+    return (f"# {head['benchmark']} on {head['cpu_model']}\n\n{head['date']}, `{head['command']}`, {head['cpus']} CPUs, "
+            f"{head['arch']}.\n\n{body.strip()}\n")
+
+
+def write_results(benchmark: str, command: str, date: str, body: str, root: str | None = None, raw=None) -> str:
     """Writes one benchmark's results on this machine kind to ROOT/BENCHMARK/KIND.md (ROOT is
-    benchmarks/results unless given), replacing that kind's earlier file: a heading naming the
-    machine, the date, the command that produced it and the core count (every benchmark here is
-    bound by the CPU), then `body` (markdown tables and a sentence or two). Returns the path."""
+    benchmarks/results unless given), replacing that kind's earlier file (results_text). With `raw`
+    (the run's measurements, as JSON values), KIND.json beside it holds the heading and `raw`, from
+    which the benchmark's report() writes `body` again (tests/unit/test_benchmark_results.py checks
+    that it does, byte for byte). Returns the path of the .md."""
     directory = os.path.join(root or RESULTS_ROOT, benchmark)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, kind_slug() + ".md")
+    head = heading(benchmark, command, date)
     with open(path, "w") as out:
-        out.write(f"# {benchmark} on {cpu_model()}\n\n{date}, `{command}`, {os.cpu_count()} CPUs, "
-                  f"{platform.machine()}.\n\n{body.strip()}\n")
+        out.write(results_text(head, body))
+    raw_path = path[:-len(".md")] + ".json"
+    if raw is not None:
+        with open(raw_path, "w") as out:
+            json.dump({"heading": head, "raw": raw}, out, indent=1, sort_keys=True)
+            out.write("\n")
+    elif os.path.exists(raw_path):
+        os.remove(raw_path)  # the raw data of an earlier run would no longer match the .md
     return path

@@ -48,7 +48,7 @@ them must reach the target sooner than the trainer's best from random weights.
 
 The last line, `summary: trainer_over_lab=R` (or `<=R`), is the trainer's time over the lab's
 when both fine-tune. The results go to benchmarks/results/time_to_accuracy/<machine kind>.md
-(machine.write_results).
+(machine.write_results), and the raw rounds report() writes them from to the .json beside it.
 """
 
 from __future__ import annotations
@@ -354,10 +354,34 @@ def pretraining_check(tuned: list[Run], from_scratch: list[Run]) -> str:
             f"{' '.join(f'{b:.2f}' for b in theirs[:compared])} from random weights (medians over the rounds).")
 
 
-def report(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: tuple[list[Run], list[Run]]) -> str:
+# What report() reads of the command's options.
+REPORTED_OPTIONS = ("images", "image_size", "batch", "workers", "target", "scratch_target")
+
+
+def run_record(run: Run) -> dict:
+    """A run as JSON values, for the raw data beside the results file."""
+    return dataclasses.asdict(run)
+
+
+def run_of(record: dict) -> Run:
+    sample = rounds_lib.Sample(**record["sample"]) if record.get("sample") else None
+    return Run(**{**record, "epochs": [tuple(epoch) for epoch in record["epochs"]], "sample": sample})
+
+
+def raw_data(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: tuple[list[Run], list[Run]]) -> dict:
+    """Everything report() reads, as JSON values: the run's raw rounds."""
+    return {"options": {name: getattr(args, name) for name in REPORTED_OPTIONS}, "weights_line": weights_line,
+            **{setting: {"labs": [run_record(r) for r in runs[0]], "trainers": [run_record(r) for r in runs[1]]}
+               for setting, runs in (("fine", fine), ("scratch", scratch))}}
+
+
+def report(raw: dict) -> str:
+    """The results file's body, from the raw data (raw_data) alone."""
+    args = argparse.Namespace(**raw["options"])
+    weights_line = raw["weights_line"]
+    fine, scratch = ((list(map(run_of, raw[s]["labs"])), list(map(run_of, raw[s]["trainers"]))) for s in ("fine", "scratch"))
     labs, trainers = fine
     lines = [
-        f"machine: {cpu_model()}",
         f"task: synthetic:{args.images} ({max(8, args.images // 4)} validation images), {args.image_size} px, "
         f"{args.batch} per replica, {args.workers} worker(s); 5 classes, chance 0.20. `others' cores`: what other "
         f"processes on the machine used while each run ran (0 on a quiet machine).",
@@ -465,11 +489,12 @@ def main(argv=None) -> int:
 
         fine = rounds(args.rounds, weights, args.target, args.max_seconds)
         scratch = rounds(args.scratch_rounds, "none", args.scratch_target, args.scratch_max_seconds)
-    text = report(args, weights_line, fine, scratch)
+    raw = raw_data(args, weights_line, fine, scratch)
+    text = report(raw)
     print(text)
     if args.results_dir:
         path = write_results("time_to_accuracy", command_line("time_to_accuracy.py", argv),
-                             datetime.date.today().isoformat(), text.split("\n", 1)[1], args.results_dir)
+                             datetime.date.today().isoformat(), text, args.results_dir, raw=raw)
         print(f"results: {path}", flush=True)
     return 0
 

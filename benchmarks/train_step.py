@@ -30,6 +30,7 @@ file per machine kind (benchmarks/machine.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -114,6 +115,42 @@ def measure(configs: list[Configuration], steps: int, rounds: int) -> dict[str, 
     return table
 
 
+def report(raw: dict) -> str:
+    """The results file's body, from the run's raw rounds alone (main's `raw`)."""
+    table = {name: [rounds_lib.Sample(**sample) for sample in samples] for name, samples in raw["table"].items()}
+    options, lab_name, default_name = raw["options"], raw["lab"], raw["default"]
+    header = ("| configuration | images/s (wall) | CPU s/image | cores | others' cores | rounds flagged | over the lab |\n"
+              "|---|---|---|---|---|---|---|")
+    lines = [header]
+    for name, samples in table.items():
+        rate, cpu, cores, others, flagged = rounds_lib.summary_row(samples)
+        over = rounds_lib.compare(table, lab_name, name)
+        lines.append(f"| {name} | {rate:.2f} | {cpu:.4f} | {cores:.2f} | {others:.2f} | {flagged} of {len(samples)} "
+                     f"| x{over.value:.2f} |")
+    clean = rounds_lib.clean_rounds(table)
+    per_round = ["| round | " + " | ".join(table) + " | flagged |", "|---|" + "---|" * (len(table) + 1)]
+    flagged = {name: rounds_lib.flags(samples) for name, samples in table.items()}
+    for index in range(options["rounds"]):
+        cells = [f"{table[name][index].rate:.2f} img/s, {table[name][index].cores:.2f} cores, others "
+                 f"{table[name][index].others:.2f}, steal {table[name][index].steal:.2f}"
+                 + (" (flagged)" if flagged[name][index] else "") for name in table]
+        per_round.append(f"| {index + 1} | " + " | ".join(cells) + f" | {'no' if clean[index] else 'yes'} |")
+    policies = {default_name: raw["default_policy"], "trainer, float32 (uint8 input)": "float32",
+                "trainer, mixed_bfloat16 (asked for)": "mixed_bfloat16"}
+    over_lab = rounds_lib.compare(table, lab_name, default_name)
+    others = [name for name in table if name in policies and name != default_name]
+    over_best = min([rounds_lib.compare(table, other, default_name) for other in others], key=lambda c: c.value,
+                    default=rounds_lib.Comparison(1.0, over_lab.measure, over_lab.clean_rounds, over_lab.rounds))
+    over_best_value = min(over_best.value, 1.0) if others else 1.0
+    measure_line = f"Ratios from {over_lab.describe()}."
+    summary = (f"summary: default_over_lab={over_lab.value:.2f} default_over_best={over_best_value:.2f} "
+               f"(batch {options['batch']}, {options['image_size']} px, {options['rounds']} rounds of {options['steps']} "
+               f"steps, from {over_lab.measure})")
+    return (f"TensorFlow {raw['tensorflow']}; {raw['device']}. The `others' cores` column: what other processes on the "
+            f"machine used while each configuration ran (0 on a quiet machine).\n\n" + "\n".join(lines)
+            + "\n\n" + "\n".join(per_round) + f"\n\n{measure_line}\n\n`{summary}`")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
@@ -136,43 +173,16 @@ def main(argv=None) -> int:
     print(device_line, flush=True)
     configs = configurations(default.policy, gpu, args.batch, args.image_size)
     table = measure(configs, args.steps, args.rounds)
-    lab_name, default_name = configs[0].name, configs[1].name
-    header = ("| configuration | images/s (wall) | CPU s/image | cores | others' cores | rounds flagged | over the lab |\n"
-              "|---|---|---|---|---|---|---|")
-    lines = [header]
-    for name, samples in table.items():
-        rate, cpu, cores, others, flagged = rounds_lib.summary_row(samples)
-        over = rounds_lib.compare(table, lab_name, name)
-        lines.append(f"| {name} | {rate:.2f} | {cpu:.4f} | {cores:.2f} | {others:.2f} | {flagged} of {len(samples)} "
-                     f"| x{over.value:.2f} |")
-    print("\n".join(lines), flush=True)
-    clean = rounds_lib.clean_rounds(table)
-    per_round = ["| round | " + " | ".join(table) + " | flagged |", "|---|" + "---|" * (len(table) + 1)]
-    flagged = {name: rounds_lib.flags(samples) for name, samples in table.items()}
-    for index in range(args.rounds):
-        cells = [f"{table[name][index].rate:.2f} img/s, {table[name][index].cores:.2f} cores, others "
-                 f"{table[name][index].others:.2f}, steal {table[name][index].steal:.2f}"
-                 + (" (flagged)" if flagged[name][index] else "") for name in table]
-        per_round.append(f"| {index + 1} | " + " | ".join(cells) + f" | {'no' if clean[index] else 'yes'} |")
-    print("\n".join(per_round), flush=True)
-    policies = {configs[1].name: default.policy, "trainer, float32 (uint8 input)": "float32",
-                "trainer, mixed_bfloat16 (asked for)": "mixed_bfloat16"}
-    over_lab = rounds_lib.compare(table, lab_name, default_name)
-    others = [name for name in table if name in policies and name != default_name]
-    over_best = min([rounds_lib.compare(table, other, default_name) for other in others], key=lambda c: c.value,
-                    default=rounds_lib.Comparison(1.0, over_lab.measure, over_lab.clean_rounds, over_lab.rounds))
-    over_best_value = min(over_best.value, 1.0) if others else 1.0
-    measure_line = f"Ratios from {over_lab.describe()}."
-    print(measure_line, flush=True)
-    summary = (f"summary: default_over_lab={over_lab.value:.2f} default_over_best={over_best_value:.2f} "
-               f"(batch {args.batch}, {args.image_size} px, {args.rounds} rounds of {args.steps} steps, "
-               f"from {over_lab.measure})")
+    raw = {"tensorflow": tf.__version__, "device": device_line[len("device: "):], "default_policy": default.policy,
+           "options": {"batch": args.batch, "image_size": args.image_size, "steps": args.steps, "rounds": args.rounds},
+           "lab": configs[0].name, "default": configs[1].name,
+           "table": {name: [dataclasses.asdict(sample) for sample in samples] for name, samples in table.items()}}
+    body = report(raw)
+    print(body, flush=True)
+    summary = body.splitlines()[-1].strip("`")  # the body ends with the summary line
     if args.results_dir:
-        body = (f"TensorFlow {tf.__version__}; {device_line[len('device: '):]}. The `others' cores` column: what other "
-                f"processes on the machine used while each configuration ran (0 on a quiet machine).\n\n" + "\n".join(lines)
-                + "\n\n" + "\n".join(per_round) + f"\n\n{measure_line}\n\n`{summary}`")
         path = write_results("train_step", command_line("train_step.py", argv), datetime.date.today().isoformat(),
-                             body, args.results_dir)
+                             body, args.results_dir, raw=raw)
         print(f"results: {path}", flush=True)
     print(summary)
     return 0

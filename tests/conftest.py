@@ -10,11 +10,23 @@ TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the trainer package, and helpers.py
 
 
+# Seconds one test's own call may take before pytest-timeout fails it (the default, pyproject.toml's
+# `timeout`, covers the unit tier, fixtures included). Each is above the longest single wait the tier's
+# tests give a subprocess (tests/unit/test_timeouts.py checks it), so those report first, and covers a
+# test that makes several: integration runs up to three 600 s jobs in one test (test_learning.py),
+# container rebuilds an image for up to 1800 s (test_images.py), gpu waits up to 3600 s for an H100's
+# first step. func_only: the session fixtures that build images (up to 3000 s for the GPU image,
+# tests/container/conftest.py) run under their own subprocess timeouts, not the first test's.
+TIER_TIMEOUTS = {"integration": 2400, "container": 3600, "gpu": 5400}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         tier = Path(item.fspath).parent.name
         if tier in ("unit", "integration", "container", "gpu"):
             item.add_marker(getattr(pytest.mark, tier))
+        if tier in TIER_TIMEOUTS and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier], func_only=True))
 
 
 def pytest_terminal_summary(terminalreporter):

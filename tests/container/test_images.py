@@ -74,6 +74,30 @@ def test_print_image_sizes(flavour, request, base_image):
     assert f"layers of the base {base_image} left out" in report
 
 
+# The sentence of docs/images.md that states the GPU image's budget: the test reads the number there,
+# so the page and the check cannot drift apart.
+GPU_BUDGET = re.compile(r"The GPU image's own layers are about ([\d.]+) GB, against a budget of ([\d.]+) GB")
+
+
+def gpu_budget_gb() -> float:
+    match = GPU_BUDGET.search((REPO / "docs" / "images.md").read_text())
+    assert match, "docs/images.md no longer states the GPU image's budget in the sentence this test reads"
+    return float(match.group(2))
+
+
+def test_the_gpu_images_own_layers_fit_the_budget_docs_images_md_states(engine, gpu_image, base_image):
+    # Its own layers, what every new node pulls: the image less its base (here the stand-in base, in
+    # production nvidia/cuda's, which nodes mostly have cached). Decimal GB, as `images.sh size` prints.
+    tool, env = engine
+
+    def size(image: str) -> int:
+        return int(sh(tool, "image", "inspect", "--format", "{{.Size}}", image, env=env).stdout.strip())
+
+    own_gb = (size(gpu_image) - size(base_image)) / 1e9
+    BUDGETS.append(f"GPU image's own layers: {own_gb:.2f} GB (budget {gpu_budget_gb()} GB, docs/images.md)")
+    assert own_gb <= gpu_budget_gb(), f"the GPU image's own layers are {own_gb:.2f} GB, over the {gpu_budget_gb()} GB budget"
+
+
 def test_training_inside_the_cpu_image_writes_the_model_to_the_host(engine, cpu_image, tmp_path):
     tool, env = engine
     out = tmp_path / "out"

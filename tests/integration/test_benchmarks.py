@@ -3,6 +3,8 @@ results file for this machine kind. (The figures themselves are not checked: tim
 machines are noise.)"""
 
 import datetime
+import importlib
+import json
 import re
 import subprocess
 import sys
@@ -11,7 +13,15 @@ from helpers import REPO, clean_env
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import rounds  # noqa: E402
-from machine import kind_slug  # noqa: E402
+from machine import kind_slug, results_text  # noqa: E402
+
+
+def renders_again(root, benchmark) -> bool:
+    """Whether the raw data the run saved beside its results file gives that file again, byte for
+    byte, through the benchmark's report()."""
+    (written,) = (root / benchmark).glob("*.md")
+    saved = json.loads(written.with_suffix(".json").read_text())
+    return results_text(saved["heading"], importlib.import_module(benchmark).report(saved["raw"])) == written.read_text()
 
 
 def results_file(root, benchmark, stdout, argv, days):
@@ -119,6 +129,7 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_write
     text = results_file(tmp_path, "train_step", result.stdout, argv, days)
     assert all(f"| {name} | {values[0]} | {values[1]} |" in text for name, values in rows.items()), text
     assert summary.group(0) in text and "`others' cores` column: what other processes" in text
+    assert renders_again(tmp_path, "train_step")
 
 
 def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(tmp_path):
@@ -157,6 +168,7 @@ def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(t
     assert re.search(r"^The pretrained weights (help|DO NOT help): ", scratch, re.M)
     text = results_file(tmp_path / "results", "time_to_accuracy", result.stdout, argv, days)
     assert f"summary: trainer_over_lab={ratio:.2f}" in text and "| 1 | lab |" in text and "`others' cores`: what other processes" in text
+    assert renders_again(tmp_path / "results", "time_to_accuracy")
 
 
 def test_serving_load_benchmark_runs_the_server_beside_the_ceiling_and_writes_its_results_file(tmp_path):

@@ -82,3 +82,82 @@ def test_a_sample_is_its_cores_and_rates():
     s = rounds.Sample(wall=2.0, cpu=3.0, images=30, others=0.5, steal=0.0)
     assert (s.rate, s.cpu_per_image, s.cores) == (15.0, 0.1, 1.5)
 
+
+
+# --- results files are what report() writes ------------------------------------------------------------
+
+import importlib  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+RESULTS = Path(machine.RESULTS_ROOT)
+# Each benchmark's module, whose report(raw) writes a results file's body from its raw data.
+REPORTERS = {"time_to_accuracy": "time_to_accuracy", "train_step": "train_step"}
+# Results committed before the benchmarks kept their raw rounds: nothing can render them again, so
+# they wait for a re-run on a quiet machine of their kind (docs/performance.md lists where they came
+# from). The list may only shrink.
+WITHOUT_RAW_DATA = {
+    "input_pipeline/amd-epyc-family-25-model-1-avx2.md",
+    "input_pipeline/amd-epyc-family-26-model-2-avx2-avx512f-avx512-bf16.md",
+    "serving_load/amd-epyc-family-25-model-17-avx2-avx512f-avx512-bf16.md",
+    "time_to_accuracy/amd-epyc-family-25-model-17-avx2-avx512f-avx512-bf16.md",
+    "train_step/amd-epyc-family-25-model-1-avx2.md",
+    "train_step/amd-epyc-family-25-model-17-avx2-avx512f-avx512-bf16.md",
+    "train_step/amd-epyc-family-26-model-2-avx2-avx512f-avx512-bf16.md",
+}
+COMMITTED = sorted(str(path.relative_to(RESULTS)) for path in RESULTS.glob("*/*.md"))
+WITH_RAW_DATA = [name for name in COMMITTED if (RESULTS / name).with_suffix(".json").exists()]
+
+
+def rendered(saved: dict) -> str:
+    """The results file a benchmark's report() writes from a saved .json."""
+    benchmark = saved["heading"]["benchmark"]
+    assert benchmark in REPORTERS, f"{benchmark}: no report(raw) known to render its raw data"
+    module = importlib.import_module(REPORTERS[benchmark])
+    return machine.results_text(saved["heading"], module.report(saved["raw"]))
+
+
+def test_every_committed_results_file_has_its_raw_data_or_waits_for_a_rerun():
+    unaccounted = [name for name in COMMITTED if name not in WITH_RAW_DATA and name not in WITHOUT_RAW_DATA]
+    assert not unaccounted, f"results files without the raw data (KIND.json) report() renders them from: {unaccounted}"
+    stale = sorted(WITHOUT_RAW_DATA - set(COMMITTED) | WITHOUT_RAW_DATA & set(WITH_RAW_DATA))
+    assert not stale, f"WITHOUT_RAW_DATA names files that are gone or now have raw data: {stale}"
+
+
+@pytest.mark.parametrize("name", WITH_RAW_DATA)
+def test_a_committed_results_file_is_exactly_what_report_writes_from_its_raw_data(name):
+    path = RESULTS / name
+    saved = json.loads(path.with_suffix(".json").read_text())
+    assert rendered(saved) == path.read_text(), f"{name} is not what its benchmark's report() writes from {path.stem}.json"
+
+
+def tta_run(name: str, reached, epochs, sample) -> dict:
+    import time_to_accuracy
+
+    return time_to_accuracy.run_record(time_to_accuracy.Run(
+        name=name, images_per_epoch=384, epochs=epochs, reached=reached, elapsed=reached or 600.0,
+        stopped="" if reached else "stopped after 2 epochs, 600 s", sample=sample))
+
+
+def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte(tmp_path, monkeypatch):
+    import argparse
+
+    import time_to_accuracy
+
+    monkeypatch.setattr(machine, "cpu_model", lambda: "AMD EPYC (family 25, model 1): avx2")
+    args = argparse.Namespace(images=384, image_size=64, batch=16, workers=2, target=0.7, scratch_target=0.6)
+    run = time_to_accuracy.run_of
+    fine = ([run(tta_run("lab", 120.5, [(60.0, 0.4), (120.5, 0.72)], rounds.Sample(120.5, 150.0, 768, 0.0, 0.0)))],
+            [run(tta_run("trainer (mixed_bfloat16)", 58.0, [(30.0, 0.5), (58.0, 0.78)], sample(13.3, 1.8, 768)))])
+    scratch = ([run(tta_run("lab", None, [(300.0, 0.2), (600.0, 0.2)], sample(2.6, 1.2, 1536)))],
+               [run(tta_run("trainer (mixed_bfloat16)", 92.7, [(50.0, 0.48), (92.7, 0.71)], sample(16.6, 1.8, 1536)))])
+    raw = time_to_accuracy.raw_data(args, "weights made here", fine, scratch)
+    body = time_to_accuracy.report(raw)
+    path = Path(machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-02", body,
+                                      root=str(tmp_path), raw=raw))
+    saved = json.loads(path.with_suffix(".json").read_text())
+    assert rendered(saved) == path.read_text()
+    assert "| 1 | lab | 120.5 s | 2 | 0.40 0.72 |" in path.read_text() and "summary: trainer_over_lab=0.48" in body
+    # A later run without raw data leaves no stale .json behind to disagree with its .md.
+    machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-03", body, root=str(tmp_path))
+    assert not path.with_suffix(".json").exists()

@@ -40,6 +40,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scripts.rehearsal import jobset as rehearsal_jobset
+
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -477,3 +479,162 @@ def check_shell_script(command: Command) -> None:
             f"{command}: -m {known.m} is not one of {sorted(pytest_markers())}"
     elif script.name == "run_local.sh":
         assert not (error := trainer_args_error(argv)), f"{command}: {error}"
+
+
+# --- kubectl lines -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class KubectlLine:
+    page: Path
+    line: int
+    text: str
+    jobset_command: Command | None  # the page's last `submit_job.py jobset ... > FILE` before it
+    written: tuple[str, ...]  # the files the page's commands before it wrote with `>`
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}: {self.text}"
+
+
+SUBSTITUTION = re.compile(r"\$\(([^()]*)\)")
+
+
+def kubectl_lines() -> list[KubectlLine]:
+    found = []
+    for page in PAGES:
+        jobset_command, written = None, []
+        for block in fenced_blocks(page):
+            if block.language not in COMMAND_LANGUAGES:
+                continue
+            for offset, text in logical_lines(block.body):
+                stripped = text.strip().removeprefix("$ ")
+                command = command_of(page, block.line + offset, text)
+                if command is not None and command.target.endswith("submit_job.py") and command.argv[:1] == ("jobset",):
+                    jobset_command = command
+                if command is not None and (redirect := re.search(r"(?<![0-9&])>\s*(\S+)\s*$", stripped)):
+                    written.append(redirect.group(1))
+                if stripped.startswith("kubectl "):
+                    found.append(KubectlLine(page, block.line + offset, stripped, jobset_command, tuple(written)))
+    return found
+
+
+KUBECTL_LINES = kubectl_lines()
+
+
+@functools.lru_cache(maxsize=None)
+def jobset_of(command: Command) -> dict:
+    own, trainer_args = split_at_dashes(command.argv)
+    code, out, err = run_submit_job([*own, *(["--", *trainer_args] if "--" in command.argv else [])])
+    assert code == 0, f"{command}: exit {code}: {last_line(err)}"
+    return yaml.safe_load(out)
+
+
+def selected_pods(selector: str, identities: list[dict]) -> list[str]:
+    """The hostnames of the pods an equality-based label selector (`k=v,k=v`) picks."""
+    pairs = [term.split("=", 1) for term in selector.split(",")]
+    assert all(len(pair) == 2 and pair[0] for pair in pairs), f"-l {selector}: only k=v,k=v selectors are checked here"
+    return [pod["hostname"] for pod in identities if all(pod["labels"].get(key) == value for key, value in pairs)]
+
+
+def option_value(words: list[str], *names: str) -> str | None:
+    for index, word in enumerate(words):
+        for name in names:
+            if word == name and index + 1 < len(words):
+                return words[index + 1]
+            if name.startswith("--") and word.startswith(name + "="):
+                return word.split("=", 1)[1]
+    return None
+
+
+def positionals(words: list[str], verb: str) -> list[str]:
+    """kubectl's positional words (after the verb, before `--`), options and their values dropped."""
+    takes_value = {"-l", "--selector", "-o", "--output", "-n", "--namespace", "-c", "--container", "--filename"}
+    if verb != "logs":  # `kubectl logs -f` follows; elsewhere -f names a file
+        takes_value.add("-f")
+    result, skip = [], False
+    for word in words:
+        if word == "--":
+            break
+        if skip:
+            skip = False
+        elif word in takes_value:
+            skip = True
+        elif not word.startswith("-"):
+            result.append(word)
+    return result
+
+
+def kubectl_line_errors(line: KubectlLine) -> list[str]:
+    """What is wrong with one documented kubectl line, read against the JobSet its page writes."""
+    errors = []
+    text = line.text
+    substitutions = SUBSTITUTION.findall(text)
+    outer = shlex.split(SUBSTITUTION.sub("SUBSTITUTED", text), comments=True)
+    verb, rest = outer[1], outer[2:]
+    manifest = jobset_of(line.jobset_command) if line.jobset_command is not None else None
+    identities = rehearsal_jobset.pod_identities(manifest) if manifest else []
+    jobs = {pod["job"] for pod in identities}
+    if verb == "apply":
+        target = option_value(rest, "-f", "--filename")
+        if target and not re.match(r"[a-z]+://", target) and target not in line.written:
+            errors.append(f"applies {target}, which no command before it on the page writes")
+        return errors
+    if manifest is None:
+        return [f"kubectl {verb} names the JobSet's objects, but no `submit_job.py jobset` command comes before it on the page"]
+    if verb == "get" and rest[:1] == ["jobset"]:
+        names = positionals(rest, verb)[1:]
+        if names != [manifest["metadata"]["name"]]:
+            errors.append(f"gets jobset {names}, but the page's JobSet is {manifest['metadata']['name']}")
+    if verb in ("exec", "logs"):
+        targets = positionals(rest, verb)
+        selector = option_value(rest, "-l", "--selector")
+        if selector is not None:
+            if not selected_pods(selector, identities):
+                errors.append(f"-l {selector} selects none of the pods {sorted(p['hostname'] for p in identities)}")
+        elif not targets:
+            errors.append(f"kubectl {verb} names no pod")
+        for target in targets[:1]:
+            kind, _, name = target.rpartition("/")
+            if target == "SUBSTITUTED":
+                for inner in substitutions:
+                    words = shlex.split(inner)
+                    inner_selector = option_value(words, "-l", "--selector")
+                    if words[:3] != ["kubectl", "get", "pod"] or inner_selector is None or option_value(words, "-o", "--output") != "name":
+                        errors.append(f"$({inner}): expected `kubectl get pod -o name -l SELECTOR`")
+                        continue
+                    picked = selected_pods(inner_selector, identities)
+                    if len(picked) != 1:
+                        errors.append(f"-l {inner_selector} selects {len(picked)} pods ({picked}); kubectl {verb} needs one")
+            elif kind == "job":
+                if name not in jobs:
+                    errors.append(f"job/{name} is not a Job of the JobSet: {sorted(jobs)}")
+            elif kind in ("", "pod", "pods", "po"):
+                errors.append(f"{target} is a pod's hostname, not its name: a pod is named with 5 more random "
+                              f"characters; select it by its labels, or name its Job ({sorted(jobs)})")
+        if verb == "exec" and "--" in outer:
+            command = outer[outer.index("--") + 1:]
+            if command[:2] == ["python", "-m"] and len(command) > 2 and command[2].split(".")[0] in PROJECT_PACKAGES:
+                path = REPO / Path(*command[2].split("."))
+                if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+                    errors.append(f"runs python -m {command[2]}, which does not exist")
+    return errors
+
+
+def test_the_pages_show_kubectl_lines_this_test_checks():
+    verbs = {shlex.split(SUBSTITUTION.sub("X", line.text))[1] for line in KUBECTL_LINES}
+    assert {"apply", "exec", "logs", "get"} <= verbs, verbs
+
+
+@pytest.mark.parametrize("line", KUBECTL_LINES, ids=str)
+def test_every_kubectl_line_names_objects_the_documented_jobset_makes(line):
+    errors = kubectl_line_errors(line)
+    assert not errors, f"{line}: " + "; ".join(errors)
+
+
+def test_a_pod_named_by_its_hostname_is_refused():
+    # The line the docs used to show: the second worker's hostname, which is no pod's name.
+    page_command = next(line.jobset_command for line in KUBECTL_LINES if line.jobset_command is not None)
+    old = KubectlLine(README, 0, "kubectl exec cassava-worker-0-1 -- python -m trainer.cluster", page_command, ())
+    assert any("hostname, not its name" in error for error in kubectl_line_errors(old))
+    broad = KubectlLine(README, 0, "kubectl exec $(kubectl get pod -o name -l jobset.sigs.k8s.io/jobset-name=cassava) -- "
+                                   "python -m trainer.cluster", page_command, ())
+    assert any("needs one" in error for error in kubectl_line_errors(broad))

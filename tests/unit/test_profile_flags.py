@@ -32,7 +32,10 @@ def test_profiling_is_off_by_default_and_on_the_chief_when_asked():
 
 def test_parsing_the_flags_does_not_load_tensorflow():
     """cassava.task parses its flags before it hands stderr to the relay that filters
-    TensorFlow's load-time lines (trainer.logs): loading TensorFlow earlier would print them."""
-    result = subprocess.run([sys.executable, "-c", "import sys, cassava.task; print('tensorflow' in sys.modules)"],
+    TensorFlow's load-time lines (trainer.relay): loading TensorFlow earlier would print them."""
+    code = ("import sys, cassava.task, trainer.fit; "
+            "trainer.fit.build_parser(cassava.task.CassavaTask()).parse_args(['--epochs', '1']); "
+            "print('tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code],
                             cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
