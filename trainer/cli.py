@@ -13,6 +13,8 @@ from typing import Callable
 
 
 class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: the message, a pointer to --help, exit 2."""
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
@@ -41,6 +43,7 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "positive_int" if minimum == 1 else f"int_at_least_{minimum}"
+    parse.__doc__ = f"A flag type: a whole number >= {minimum} (`whole_number`), else a one-line argparse error."
     return parse
 
 
@@ -49,6 +52,7 @@ non_negative_int = at_least(0)
 
 
 def positive_float(text: str) -> float:
+    """A flag type: a number > 0 (nan refused), else a one-line argparse error."""
     try:
         value = float(text)
     except ValueError:

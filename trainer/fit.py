@@ -22,6 +22,7 @@ Configuration and data errors end the process with one line on stderr and exit c
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import logging
@@ -93,7 +94,7 @@ def program_name(task: Task) -> str:
     return f"python -m {module}"
 
 
-def build_parser(task: Task, prog: str | None = None):
+def build_parser(task: Task, prog: str | None = None) -> argparse.ArgumentParser:
     """The command line `main` parses for `task`: the runtime's flags and the task's (--help)."""
     return config_lib.build_parser(task, prog or program_name(task))[0]
 

@@ -1,0 +1,103 @@
+"""The layout issue 39 asks for, held by the code itself: the runtime (trainer/) imports nothing
+from the examples or the prediction server; the cassava example reaches the runtime only through
+its public names, the ones trainer/__init__.py lists; and those are typed and documented."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def public_names() -> dict[str, set[str]]:
+    """trainer/__init__.py's table: module -> names."""
+    doc = ast.get_docstring(ast.parse((REPO / "trainer" / "__init__.py").read_text()))
+    table = {}
+    for module, names in re.findall(r"^\| (trainer\.\w+)\s*\| (.+?)\s*\|$", doc, re.M):
+        names = re.sub(r"\(.*?\)|;.*", "", names)
+        table[module.split(".")[1]] = {name.strip() for name in names.split(",")}
+    return table
+
+
+def trainer_uses(path: Path) -> list[tuple[str, str | None, int]]:
+    """(trainer module, name used from it or None for the module itself, line) for every use in a file."""
+    tree = ast.parse(path.read_text())
+    uses, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "trainer":
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trainer."):
+            for alias in node.names:
+                uses.append((node.module.split(".")[1], alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("trainer."):
+                    uses.append((alias.name.split(".")[1], None, node.lineno))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            uses.append((aliases[node.value.id], node.attr, node.lineno))
+    return uses
+
+
+def test_the_runtime_imports_nothing_from_the_examples_or_the_server():
+    offenders = []
+    for path in sorted((REPO / "trainer").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            offenders += [f"{path.name}:{node.lineno} {m}" for m in modules
+                          if m.split(".")[0] in ("cassava", "serving", "fares", "examples")]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "cassava").glob("*.py")), ids=lambda p: p.name)
+def test_cassava_uses_only_the_runtimes_public_names(path):
+    public = public_names()
+    private = [f"{path.name}:{line} trainer.{module}{'.' + name if name else ''}"
+               for module, name, line in trainer_uses(path)
+               if module not in public or (name is not None and name not in public[module])]
+    assert private == []
+
+
+def test_the_check_sees_a_private_name(tmp_path):
+    """The check above can fail: a module reaching into trainer.sync is caught."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from trainer import sync, tasks\nsync.run\ntasks.Task\nfrom trainer.plan import make_run\n")
+    public = public_names()
+    private = [(m, n) for m, n, _ in trainer_uses(probe) if m not in public or (n is not None and n not in public[m])]
+    assert ("sync", "run") in private and ("plan", "make_run") in private and ("tasks", "Task") not in private
+
+
+def test_the_public_names_are_typed_and_documented():
+    import importlib
+
+    undocumented, untyped = [], []
+    for module_name, names in public_names().items():
+        module = importlib.import_module(f"trainer.{module_name}")
+        for name in names:
+            value = getattr(module, name)
+            if inspect.isfunction(value) or inspect.isclass(value):
+                if not inspect.getdoc(value):
+                    undocumented.append(f"trainer.{module_name}.{name}")
+            if inspect.isfunction(value):
+                signature = inspect.signature(value)
+                if signature.return_annotation is inspect.Signature.empty or any(
+                        p.annotation is inspect.Parameter.empty for p in signature.parameters.values()):
+                    untyped.append(f"trainer.{module_name}.{name}")
+            if inspect.isclass(value) and issubclass(value, object) and name == "Task":
+                for method_name, method in vars(value).items():
+                    if inspect.isfunction(method) and not method_name.startswith("_"):
+                        if not inspect.getdoc(method):
+                            undocumented.append(f"Task.{method_name}")
+                        if any(p.annotation is inspect.Parameter.empty
+                               for p in list(inspect.signature(method).parameters.values())[1:]):
+                            untyped.append(f"Task.{method_name}")
+    assert undocumented == [] and untyped == []
