@@ -34,15 +34,11 @@ if not __package__:  # run as a file (python scripts/deploy_model.py): the repo 
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from scripts import modelspec  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+from trainer import cli  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="scripts/deploy_model.py", description=__doc__.split("\n")[0],
+    parser = cli.OneLineParser(prog="scripts/deploy_model.py", description=__doc__.split("\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("target", choices=("vertex", "local"),
                         help="vertex: print (--dry-run) or send the requests; local: run the Model on this machine")

@@ -45,6 +45,8 @@ import threading
 import time
 from typing import Mapping, Sequence
 
+from trainer import cli
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TensorFlow loads: no INFO banners
 
 DEFAULT_PORT = 8080  # Vertex's default containerSpec port
@@ -86,26 +88,9 @@ class Settings:
     access_log: bool
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's own prints the usage first)
-        self.exit(2, f"python -m serving.server: error: {message} (--help lists the flags)\n")
-
-
 def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     """The flags, each defaulting to the variable Vertex AI sets for it."""
-    parser = _Parser(prog="python -m serving.server", description=__doc__.split("\n")[0],
+    parser = cli.OneLineParser(prog="python -m serving.server", description=__doc__.split("\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-dir", default=environ.get("AIP_STORAGE_URI"),
                         help="the exported SavedModel, local or gs://; AIP_STORAGE_URI when it is set")
@@ -116,17 +101,17 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     parser.add_argument("--predict-route", default=environ.get("AIP_PREDICT_ROUTE", DEFAULT_PREDICT_ROUTE),
                         help="AIP_PREDICT_ROUTE when it is set")
     limits = parser.add_argument_group("limits on what one client can make the server hold")
-    limits.add_argument("--max-request-bytes", type=_positive(int), default=DEFAULT_MAX_REQUEST_BYTES,
+    limits.add_argument("--max-request-bytes", type=cli.positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger bodies are answered 413 without being read")
-    limits.add_argument("--max-instances", type=_positive(int), default=DEFAULT_MAX_INSTANCES,
+    limits.add_argument("--max-instances", type=cli.positive_int, default=DEFAULT_MAX_INSTANCES,
                         help="images in one request")
-    limits.add_argument("--max-image-pixels", type=_positive(int), default=DEFAULT_MAX_IMAGE_PIXELS,
+    limits.add_argument("--max-image-pixels", type=cli.positive_int, default=DEFAULT_MAX_IMAGE_PIXELS,
                         help="width x height of one image, read from its header before it is decoded")
-    limits.add_argument("--client-timeout", type=_positive(float), default=DEFAULT_CLIENT_TIMEOUT, metavar="SECONDS",
+    limits.add_argument("--client-timeout", type=cli.positive_float, default=DEFAULT_CLIENT_TIMEOUT, metavar="SECONDS",
                         help="to send a request head, to send a body, or to keep an idle connection")
-    limits.add_argument("--max-connections", type=_positive(int), default=DEFAULT_MAX_CONNECTIONS,
+    limits.add_argument("--max-connections", type=cli.positive_int, default=DEFAULT_MAX_CONNECTIONS,
                         help="served at once; requests on more are answered 503")
-    parser.add_argument("--max-batch", type=_positive(int), default=DEFAULT_MAX_BATCH,
+    parser.add_argument("--max-batch", type=cli.positive_int, default=DEFAULT_MAX_BATCH,
                         help="images answered through one call of the model, from requests that arrive together")
     parser.add_argument("--access-log", action="store_true", help="log every request on stdout")
     return parser

@@ -84,7 +84,7 @@ def test_an_existing_endpoint_gets_no_create_request():
     (["--health-route", "/predict"], "--predict-route and --health-route must differ"),
     (["--stage", "output/model=gs://my-bucket/m"], "--stage, --request, --local-port and --engine are for `local`"),
     (["--", "--model-dir", "gs://x/y"], "--model-dir after --: Vertex AI sets these through AIP_*"),
-    (["--", "--max-instances", "none"], "after --: argument --max-instances: expected a positive number, got 'none'"),
+    (["--", "--max-instances", "none"], "after --: argument --max-instances: expected a whole number, got 'none'"),
 ])
 def test_an_inconsistent_request_is_one_line_and_exit_2(extra, message):
     argv = [*BASE, *extra[:extra.index("--")]] + extra[extra.index("--"):] if "--" in extra else [*BASE, *extra]
@@ -99,7 +99,7 @@ def test_a_malformed_flag_and_a_missing_project_are_one_line_and_exit_2(monkeypa
     assert (code, err) == (2, "deploy_model: error: --project is needed (or GOOGLE_CLOUD_PROJECT)\n")
     code, _, err = run(*BASE, "--max-replicas", "many")
     assert code == 2 and err == ("scripts/deploy_model.py: error: argument --max-replicas: invalid int value: 'many' "
-                                 "(--help lists the options)\n")
+                                 "(--help lists the flags)\n")
 
 
 def test_the_container_gets_the_variables_vertex_documents():

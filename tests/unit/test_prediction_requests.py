@@ -133,4 +133,4 @@ def test_a_malformed_flag_is_one_line_and_exit_2(capsys):
         server.settings_from(["--max-instances", "0", "--model-dir", "m"], {})
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "python -m serving.server: error: argument --max-instances: expected a positive number, got '0' (--help lists the flags)"]
+        "python -m serving.server: error: argument --max-instances: must be positive, got 0 (--help lists the flags)"]
