@@ -51,11 +51,11 @@ def export_model(directory: str, architecture: str, image_size: int) -> str:
     """A model built and exported as a training job's export is, with random weights."""
     import trainer  # noqa: F401  (legacy Keras first)
     from cassava import model as model_lib, signature as serving, synthetic
-    from trainer import saving
+    from trainer import precision
 
-    with model_lib.float32_policy():
+    with precision.float32_policy():
         model = model_lib.build(len(synthetic.CLASS_NAMES), image_size, "none", architecture, 0)
-    saving.compile_for_export(model)
+    model.compile(loss=model_lib.LOSS, metrics=model_lib.metrics())
     path = os.path.join(directory, "model")
     serving.save(model, path, synthetic.CLASS_NAMES, image_size)
     return path

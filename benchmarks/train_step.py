@@ -57,13 +57,23 @@ def lab_model(image_size: int) -> tf.keras.Model:
 
 
 def trainer_model(policy: str, jit_compile: bool, image_size: int, steps_per_execution: int) -> tf.keras.Model:
-    """The trainer's own ResNet50 + head under `policy`, compiled as a job compiles it."""
+    """The trainer's own ResNet50 + head under `policy`, compiled as a job compiles it (the
+    cassava task's optimizer, loss and metrics through trainer.plan, with the input-wait metric)."""
     from cassava import model as model_lib
+    from cassava.task import CassavaTask
+    from trainer import config as config_lib, plan
+    from trainer.cluster import resolve
 
+    task, single = CassavaTask(), resolve({})
+    argv = ["--weights", "none", "--learning-rate", "1e-4", "--image-size", str(image_size),
+            "--steps-per-execution", str(steps_per_execution), *(["--jit-compile"] if jit_compile else [])]
+    config = config_lib.parse(argv, {}, single, task)
     tf.keras.mixed_precision.set_global_policy(policy)
     try:
+        run = plan.make_run(config, single, "one_device", replicas_in_sync=1, num_input_pipelines=1,
+                            steps_per_epoch=1000, validation_steps=None, shuffle_seed=config.seed)
         model = model_lib.build(5, image_size, "none")
-        model_lib.compile_model(model, 1e-4, steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        plan.compile_model(task, run, model, config, input_lanes=1)
         return model
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")

@@ -24,7 +24,7 @@ cores, and a pipeline that decodes ahead of the model takes their time without m
 wait. The step is then slower, not waiting; a profile (trainer.profiling) shows where the cores
 went.
 
-XLA cannot compile a timestamp, so with --jit-compile cassava.model.compile_model leaves this out.
+XLA cannot compile a timestamp, so with --jit-compile trainer.plan.compile_model leaves this out.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def trained_in(request):
     tf.keras.mixed_precision.set_global_policy(request.param)
     try:
         model = model_lib.build(CLASSES, SIZE, "none", "small", seed=3)
-        model_lib.compile_model(model, 1e-2, steps_per_execution=1, jit_compile=False)
+        model.compile(optimizer=model_lib.optimizer(1e-2), loss=model_lib.LOSS, metrics=model_lib.metrics())
         labels = np.arange(8) % CLASSES
         model.fit(pixels(8, seed=1), labels, batch_size=4, epochs=1, verbose=0)  # weights and Adam's slots move
         yield model

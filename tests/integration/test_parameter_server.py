@@ -207,7 +207,8 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     options = data.PipelineOptions(image_size=32, per_replica_batch_size=4, training=True, cache=False)
     with strategy.scope():
         model = model_lib.build(5, 32, "none", "small")
-        model_lib.compile_model(model, 1e-3, steps_per_execution=2, jit_compile=False)
+        model.compile(optimizer=model_lib.optimizer(1e-3), loss=model_lib.LOSS, metrics=model_lib.metrics(),
+                      steps_per_execution=2)
     print("sharding:", train_ps.describe_sharding(model))
     history = model.fit(tf.keras.utils.experimental.DatasetCreator(lambda ctx: data.make_dataset(split, options, ctx)),
                         epochs=2, steps_per_epoch=4, verbose=0)
