@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Sequence
 
-from trainer import relay
+from trainer import exits, relay, stopping
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -153,16 +153,7 @@ class Job:
 
     def stop(self, names: Sequence[str], grace: float) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once)."""
-        live = [self.processes[n] for n in names if self.processes[n].poll() is None]
-        for process in live:
-            _signal(process, signal.SIGTERM if grace else signal.SIGKILL)
-        deadline = time.monotonic() + grace
-        for process in live:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(process, signal.SIGKILL)
-                process.wait()
+        stopping.stop([self.processes[n] for n in names], grace, group=True)
 
     def run(self, timeout: float | None) -> int:
         for task in self.tasks:
@@ -233,14 +224,7 @@ class Job:
 
 def exit_code(returncode: int | None) -> int | None:
     """A process killed by signal N reports 128 + N, as a shell (and a container) would."""
-    return 128 - returncode if returncode is not None and returncode < 0 else returncode
-
-
-def _signal(process: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
+    return None if returncode is None else exits.of_process(returncode)
 
 
 def build_parser() -> argparse.ArgumentParser:
