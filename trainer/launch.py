@@ -1,10 +1,14 @@
 """Runs a whole multi-worker job on one machine, one `trainer.task` process per task.
 
     python -m trainer.launch --workers N [--ps M] [--evaluator] [--timeout S] -- TASK_ARGS
+    python -m trainer.launch --workers N ... --command -- COMMAND [ARGS...]
 
 Without --ps this is a MultiWorkerMirrored job of N training workers: chief-0 plus worker-0 ..
 worker-(N-2). With --ps it is a ParameterServer job: chief-0 coordinates, N workers and M
 parameter servers serve. --evaluator adds the side-car evaluator-0.
+
+With --command, every task runs COMMAND instead of trainer.task: your own script (through
+`python -m trainer.run -- ...` or not), with the same cluster and scratch directories.
 
 Each task gets its own TF_CONFIG, naming free localhost ports, and its own scratch directory
 (TMPDIR, the hypertune metrics file), as if it ran on a machine of its own. Every output line
@@ -97,10 +101,12 @@ def free_ports(count: int) -> list[int]:
 
 class Job:
     def __init__(self, cluster: dict, tasks: list[TaskSpec], task_args: list[str], work_dir: str, parameter_server: bool,
-                 grace: float = DEFAULT_GRACE_SECONDS, all_logs: bool = False):
+                 grace: float = DEFAULT_GRACE_SECONDS, all_logs: bool = False, command: bool = False):
         self.cluster = cluster
         self.tasks = tasks
         self.task_args = task_args
+        # The command each task runs: trainer.task with the task args, or the args as a command.
+        self.command = list(task_args) if command else [sys.executable, "-m", "trainer.task", *task_args]
         self.work_dir = work_dir
         self.parameter_server = parameter_server
         self.grace = grace
@@ -127,7 +133,7 @@ class Job:
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
         env["PYTHONUNBUFFERED"] = "1"
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainer.task", *self.task_args],
+            self.command,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -245,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also relay the known-harmless TensorFlow lines every task prints (trainer/relay.py)")
     parser.add_argument("--work-dir", default=None,
                         help="per-task scratch dirs (TMPDIR, hypertune metrics); default a temp dir, removed at the end")
-    parser.add_argument("task_args", nargs=argparse.REMAINDER, help="-- then trainer.task flags")
+    parser.add_argument("--command", action="store_true",
+                        help="what follows -- is the command each task runs, instead of trainer.task's flags")
+    parser.add_argument("task_args", nargs=argparse.REMAINDER, help="-- then trainer.task flags (or, with --command, a command)")
     return parser
 
 
@@ -266,8 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, free_ports(cluster_size))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
+    if args.command and not task_args:
+        print("trainer.launch: error: --command needs a command after --", file=sys.stderr)
+        return 2
     job = Job(cluster, tasks, task_args, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,
-              all_logs=args.all_logs)
+              all_logs=args.all_logs, command=args.command)
     job.say(f"cluster {json.dumps(cluster)}; scratch in {work_dir}")
 
     def on_signal(signum, _frame):

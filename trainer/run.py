@@ -114,8 +114,8 @@ def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str) ->
     except FileNotFoundError:
         print(f"trainer.run: {command[0]}: command not found", file=sys.stderr, flush=True)
         return NOT_FOUND
-    except PermissionError:
-        print(f"trainer.run: {command[0]}: permission denied (not an executable)", file=sys.stderr, flush=True)
+    except OSError as error:  # not executable, not a program (no #! line), ...
+        print(f"trainer.run: {command[0]}: cannot execute: {error.strerror}", file=sys.stderr, flush=True)
         return NOT_EXECUTABLE
     for signum in pending:
         forward(signum, None)
