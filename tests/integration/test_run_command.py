@@ -42,7 +42,7 @@ def test_vertex_cluster_spec_with_reducers_trains_the_plain_script_on_two_replic
         spec = {"cluster": cluster, "task": {"type": pool, "index": 0}, "job": job}
         env = clean_env(**IMAGE_ENV, CLUSTER_SPEC=json.dumps(spec), AIP_MODEL_DIR=str(model_dir),
                         TMPDIR=str(tmp_path))
-        processes[pool] = runner("python", str(SCRIPT), env=env)
+        processes[pool] = runner(sys.executable, str(SCRIPT), env=env)
     results = {pool: process.communicate(timeout=600) for pool, process in processes.items()}
     for pool, (out, err) in results.items():
         assert processes[pool].returncode == 0, (pool, out[-2000:], err[-3000:])
