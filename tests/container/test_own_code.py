@@ -59,8 +59,9 @@ def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(en
     replica exits 143, and Vertex restarts the whole job on new machines, which then finishes."""
     job = handwritten_job(autopackaged_image, "own-spot", {
         "command": ["python", "-m", "trainer.run", "--"],
-        "args": ["python", "task.py", "--epochs", "4", "--steps-per-epoch", "50"]})
-    result = run_local(engine, tmp_path, job, "--keep", str(tmp_path / "kept"), "--preempt", "workerpool1-0@/Epoch 1.4/")
+        "args": ["python", "task.py", "--epochs", "30", "--steps-per-epoch", "100"]})
+    # Early in a run of 30 epochs (a short run could finish before the SIGTERM arrives).
+    result = run_local(engine, tmp_path, job, "--keep", str(tmp_path / "kept"), "--preempt", "workerpool1-0@/Epoch 2.30/")
     assert result.returncode == 0, result.stdout[-5000:]
     notes = lines(result.stdout, "local-run")
     assert any(n.startswith("workerpool1-0 was preempted (STOCKOUT): restarting the whole job") for n in notes), notes
