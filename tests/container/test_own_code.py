@@ -55,8 +55,10 @@ def test_the_autopackaged_script_trains_on_two_replicas_in_the_vertex_rehearsal(
 
 def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(engine, autopackaged_image, tmp_path):
     """Spot preemption of the worker mid-epoch: SIGTERM reaches the script through trainer.run (a
-    `python task.py` that is the container's first process would ignore it until SIGKILL), the
-    replica exits 143, and Vertex restarts the whole job on new machines, which then finishes."""
+    `python task.py` that is the container's first process would ignore it). TensorFlow's
+    coordination service under MultiWorkerMirroredStrategy catches SIGTERM itself (SigtermNotifier,
+    in libtensorflow_cc) and trains on, so the replica ends at the SIGKILL 30 s later (137), or 143
+    if it exits on its own; either way Vertex restarts the whole job on new machines, which finishes."""
     job = handwritten_job(autopackaged_image, "own-spot", {
         "command": ["python", "-m", "trainer.run", "--"],
         "args": ["python", "task.py", "--epochs", "30", "--steps-per-epoch", "100"]})
@@ -66,7 +68,7 @@ def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(en
     notes = lines(result.stdout, "local-run")
     assert any(n.startswith("workerpool1-0 was preempted (STOCKOUT): restarting the whole job") for n in notes), notes
     rows = summary(result.stdout)
-    assert rows["workerpool1-0"][0][0] == 143, rows  # the script died of the forwarded SIGTERM
+    assert rows["workerpool1-0"][0][0] in (137, 143), rows  # stopped by the preemption, not finished
     assert rows["workerpool0-0"][0][-1] == 0 and rows["workerpool0-0"][1] == 1, rows
     for replica in ("workerpool0-0", "workerpool1-0"):
         assert lines(result.stdout, replica, "INFO").count("num_replicas_in_sync 2") == 2, result.stdout[-4000:]
