@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import trainer  # noqa: E402,F401  (selects tf-keras before TensorFlow is imported)
-from trainer import storage  # noqa: E402
+from trainer import stopping, storage  # noqa: E402
 
 # What cassava.task sets before TensorFlow starts: the GCS client reads these when TensorFlow
 # loads, so setting them later (say, when the bucket is made) leaves the client on its defaults
@@ -341,8 +341,7 @@ class BucketCopy:
         return copies
 
     def stop(self) -> None:
-        self.server.terminate()
-        self.server.wait(timeout=30)
+        stopping.stop([self.server], 30)
 
 
 def generate(directory: str, num_images: int) -> list[str]:

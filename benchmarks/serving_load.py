@@ -43,6 +43,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402  (benchmarks/ is on the path)
 
+from trainer import stopping  # noqa: E402
+
 PREDICT = "/predict"
 HEALTH = "/health"
 
@@ -249,11 +251,7 @@ def measure(args, argv, levels: list[int], scratch: str) -> int:
         soak = load.run(max(levels), args.soak_seconds, on_second=sample)
         samples.append((args.soak_seconds, rss_bytes(server.pid)))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stopping.stop([server], 60)
     settled = [rss for elapsed, rss in samples if elapsed >= args.soak_seconds / 10] or [samples[-1][1]]
     growth_mb = (samples[-1][1] - settled[0]) / 2**20
     soak_ok = not soak["errors"] and growth_mb <= args.rss_growth_mb

@@ -190,18 +190,9 @@ def stop(processes: list[subprocess.Popen], signum: int) -> None:
     """`signum` to each process group: SIGKILL for the lab's tasks; SIGTERM for trainer.launch,
     which then stops its tasks at once (they run in sessions of their own, out of reach of a
     signal to the launcher's group)."""
-    for process in processes:
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, signum)
-            except ProcessLookupError:
-                pass
-    for process in processes:
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    from trainer import stopping
+
+    stopping.stop(processes, 60, signum=signum, group=True)
 
 
 def images_per_epoch(args) -> int:

@@ -173,7 +173,9 @@ def build_request(
         else:
             pools.append(Pool("evaluator", 1, **{**training, "image_uri": evaluator_image_uri or training_image}))
     args = list(trainer_args)
-    if strategy == "pss" and "--strategy" not in args:
+    # Only beside trainer flags: with none, the image's own command runs as it is (a user's image;
+    # the trainer picks parameter_server by itself when the cluster has ps tasks).
+    if strategy == "pss" and args and "--strategy" not in args:
         args = ["--strategy", "parameter_server", *args]
     if timeout_seconds is not None and timeout_seconds < 1:
         raise SpecError(f"--timeout must be a positive number of seconds, got {timeout_seconds}")
@@ -292,7 +294,8 @@ def _reservation_affinity(reservation: str) -> dict:
 def vertex_custom_job(request: JobRequest) -> dict:
     """A Vertex AI CustomJob (aiplatform v1 JSON): pool 0 chief, 1 workers, 2 ps or reducers,
     3 evaluator. A pool that is not used stays an empty entry, so the indices keep their meaning.
-    The reducers run Google's image as it is: no command, no args."""
+    The reducers run Google's image as it is: no command, no args. Without trainer args no pool
+    has args either, so a user's image runs its own ENTRYPOINT and CMD untouched."""
     specs = [{} for _ in range(1 + max(VERTEX_POOL_INDEX[p.role] for p in request.pools))]
     for pool in request.pools:
         machine = {"machineType": pool.machine_type}
@@ -301,7 +304,7 @@ def vertex_custom_job(request: JobRequest) -> dict:
         if pool.reserved and request.vertex.reservation:
             machine["reservationAffinity"] = _reservation_affinity(request.vertex.reservation)
         container: dict = {"imageUri": pool.image_uri}
-        if pool.role != "reducer":
+        if pool.role != "reducer" and request.trainer_args:
             container["args"] = list(request.trainer_args)
         specs[VERTEX_POOL_INDEX[pool.role]] = {
             "replicaCount": str(pool.replicas),

@@ -19,3 +19,9 @@ after a preemption it restarts the job itself, and the backup is what makes that
 OK = 0
 CONFIG = 2
 RETRYABLE = 143
+
+
+def of_process(returncode: int) -> int:
+    """A process's exit code as a shell and a container engine report it: subprocess's -N for a
+    process killed by signal N becomes 128 + N (SIGTERM: 143, SIGKILL: 137)."""
+    return 128 - returncode if returncode < 0 else returncode

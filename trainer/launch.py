@@ -51,7 +51,7 @@ import threading
 import time
 from typing import Sequence
 
-from trainer import relay
+from trainer import cli, exits, relay, stopping
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -157,16 +157,7 @@ class Job:
 
     def stop(self, names: Sequence[str], grace: float) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once)."""
-        live = [self.processes[n] for n in names if self.processes[n].poll() is None]
-        for process in live:
-            _signal(process, signal.SIGTERM if grace else signal.SIGKILL)
-        deadline = time.monotonic() + grace
-        for process in live:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(process, signal.SIGKILL)
-                process.wait()
+        stopping.stop([self.processes[n] for n in names], grace, group=True)
 
     def run(self, timeout: float | None) -> int:
         for task in self.tasks:
@@ -237,14 +228,7 @@ class Job:
 
 def exit_code(returncode: int | None) -> int | None:
     """A process killed by signal N reports 128 + N, as a shell (and a container) would."""
-    return 128 - returncode if returncode is not None and returncode < 0 else returncode
-
-
-def _signal(process: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
+    return None if returncode is None else exits.of_process(returncode)
 
 
 def task_command(words: Sequence[str]) -> list[str]:
@@ -256,15 +240,14 @@ def task_command(words: Sequence[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.OneLineParser(
         prog="python -m trainer.launch",
         description="Run a multi-worker job locally: every task runs the command after --, with its own TF_CONFIG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    positive = lambda text: _bounded_int(text, 1)  # noqa: E731
-    parser.add_argument("--workers", type=positive, required=True,
+    parser.add_argument("--workers", type=cli.positive_int, required=True,
                         help="training workers: with --ps, the workers besides the chief; without, chief included")
-    parser.add_argument("--ps", type=lambda text: _bounded_int(text, 0), default=0, help="parameter servers")
+    parser.add_argument("--ps", type=cli.non_negative_int, default=0, help="parameter servers")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator task")
     parser.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds (exit 124)")
     parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_SECONDS,
@@ -276,16 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- then the command every task runs, e.g. python -m cassava.task --epochs 1")
     return parser
-
-
-def _bounded_int(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

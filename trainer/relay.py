@@ -10,7 +10,8 @@ A parent that reads the pipe loses nothing: the kernel keeps what the child wrot
 Every command of the images ends with `relay.run(main)`: in the images (TRAINER_RELAY_STDERR=1,
 set by the Dockerfiles) it forks first, before TensorFlow is imported; anywhere else it runs
 `main` as it is. trainer.launch, which reads every task's output itself, leaves the same lines out
-with `is_harmless`.
+with `is_harmless`; trainer.run, which runs a user's own command, does too and dies with its
+parent in the same way (`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
 
 # How long the parent keeps reading after its child has exited: what the child wrote before it
 # exited is read at once; only a grandchild that kept the pipe open could write later.
-_DRAIN_SECONDS = 10.0
+DRAIN_SECONDS = 10.0
 
 
 def relay_stderr_if_asked(environ: Mapping[str, str]) -> None:
@@ -82,7 +83,7 @@ def relay_stderr() -> None:
         os.close(write_end)
         # Its own process group: a terminal's Ctrl-C reaches the child once, forwarded.
         os.setpgid(0, 0)
-        _die_with_parent(parent)
+        die_with_parent(parent)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
         return
     os.close(write_end)
@@ -99,7 +100,7 @@ def relay_stderr() -> None:
     copier = threading.Thread(target=copy_without_harmless, args=(read_end, 2), daemon=True)
     copier.start()
     _, status = os.waitpid(child, 0)
-    copier.join(timeout=_DRAIN_SECONDS)
+    copier.join(timeout=DRAIN_SECONDS)
     _exit_as(os.waitstatus_to_exitcode(status))
 
 
@@ -120,7 +121,7 @@ def copy_without_harmless(read_fd: int, write_fd: int) -> None:
                 writable = False
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """SIGKILL this process when its parent dies: a parent killed with SIGKILL cannot forward it."""
     try:
         import ctypes

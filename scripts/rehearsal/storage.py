@@ -26,6 +26,7 @@ from typing import Callable
 
 from scripts.rehearsal import local_gcs
 from scripts.rehearsal.runner import RehearsalError
+from trainer import stopping
 
 # Where gs:// objects of buckets the rehearsal does not hold come from: `{host}` is the Google host
 # the job asked (public objects only, such as Keras' ImageNet weights).
@@ -161,11 +162,7 @@ class Storage:
     def close(self) -> None:
         if self.fuse is not None:
             subprocess.run(["fusermount3", "-u", "-z", str(self.files)], capture_output=True)
-            try:
-                self.fuse.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.fuse.kill()
-                self.fuse.wait()
+            stopping.wait_or_kill([self.fuse], 10)  # unmounted, the server exits by itself
             self.fuse = None
         if self.server is not None:
             self.server.stop()

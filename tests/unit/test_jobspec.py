@@ -650,3 +650,14 @@ def test_every_replica_of_a_reducer_job_is_told_what_vertex_tells_it(target):
         for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
             with pytest.raises(Exception, match="is a Reduction Server reducer"):
                 resolve({variable: environment[variable]})
+
+
+@pytest.mark.parametrize("target, strategy", [("vertex", ["--workers", "1"]), ("hptune", ["--workers", "1"]),
+                                              ("vertex", ["--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator"])])
+def test_a_users_image_without_trainer_args_runs_its_own_command(target, strategy):
+    """`--image-uri` of an image built FROM ours with its own ENTRYPOINT (gcloud's autopackaging
+    layout): no cassava flag given, so no pool gets args or a command that would replace its own."""
+    spec = custom_job_spec(target, [*strategy, "--base-output-dir", "gs://b/job"])
+    pools = (spec.get("jobSpec") or spec["trialJobSpec"])["workerPoolSpecs"]
+    assert [pool for pool in pools if pool and ("args" in pool["containerSpec"] or "command" in pool["containerSpec"])] == []
+    assert {pool["containerSpec"]["imageUri"] for pool in pools if pool} == {CPU}

@@ -1,0 +1,97 @@
+"""A user's own code on the CPU image: a plain MultiWorkerMirrored script (tests/fixtures/autopackaging/
+task.py, which reads only TF_CONFIG and AIP_MODEL_DIR) in the image gcloud's autopackaging builds
+FROM ours, whose ENTRYPOINT is `python task.py`, run as a CustomJob written by hand and as the
+JobSet `submit_job.py jobset --image-uri` writes for it."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from containers import leftovers, sh, user_env
+from helpers import REPO
+from test_vertex_rehearsal import PYTHON, lines, run_local, summary
+
+AUTOPACKAGED = "localhost/autopackaged-mwms:test"
+FIXTURE = REPO / "tests" / "fixtures" / "autopackaging"
+POOL = {"machineSpec": {"machineType": "e2-standard-4"}, "replicaCount": "1"}
+
+
+@pytest.fixture(scope="module")
+def autopackaged_image(engine, cpu_image):
+    """The fixture's Dockerfile (gcloud's lines) built on the tests' CPU image, as `gcloud ai
+    custom-jobs local-run` builds it: the folder is the context."""
+    tool, env = engine
+    if tool == "podman":
+        build = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
+    else:
+        build = ["docker", "build"]
+    sh(*build, "--build-arg", f"BASE_IMAGE={cpu_image}", "-f", str(FIXTURE / "Dockerfile"), "-t", AUTOPACKAGED,
+       str(FIXTURE), env=env)
+    return AUTOPACKAGED
+
+
+def handwritten_job(image: str, bucket: str, container: dict | None = None) -> dict:
+    """Chief and one worker, written as a user writes a CustomJob: the image and nothing else."""
+    container = {"imageUri": image, **(container or {})}
+    return {"displayName": "own-script", "jobSpec": {
+        "workerPoolSpecs": [{**POOL, "containerSpec": container}, {**POOL, "containerSpec": container}],
+        "baseOutputDirectory": {"outputUriPrefix": f"gs://{bucket}/job"}}}
+
+
+def test_the_autopackaged_script_trains_on_two_replicas_in_the_vertex_rehearsal(engine, autopackaged_image, tmp_path):
+    result = run_local(engine, tmp_path, handwritten_job(autopackaged_image, "own-mwms"), "--keep", str(tmp_path / "kept"))
+    assert result.returncode == 0, result.stdout[-4000:]
+    for replica in ("workerpool0-0", "workerpool1-0"):
+        assert "num_replicas_in_sync 2" in lines(result.stdout, replica, "INFO"), result.stdout[-4000:]
+    assert "saved to AIP_MODEL_DIR" in lines(result.stdout, "workerpool0-0", "INFO")
+    assert "saved to a temporary directory" in lines(result.stdout, "workerpool1-0", "INFO")
+    assert (tmp_path / "kept" / "own-mwms" / "job" / "model" / "saved_model.pb").exists()
+    assert summary(result.stdout) == {"workerpool0-0": ([0], 0), "workerpool1-0": ([0], 0)}
+    assert leftovers(engine) == []
+
+
+def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(engine, autopackaged_image, tmp_path):
+    """Spot preemption of the worker mid-epoch: SIGTERM reaches the script through trainer.run (a
+    `python task.py` that is the container's first process would ignore it). TensorFlow's
+    coordination service under MultiWorkerMirroredStrategy catches SIGTERM itself (SigtermNotifier,
+    in libtensorflow_cc) and trains on, so the replica ends at the SIGKILL 30 s later (137), or 143
+    if it exits on its own; either way Vertex restarts the whole job on new machines, which finishes."""
+    job = handwritten_job(autopackaged_image, "own-spot", {
+        "command": ["python", "-m", "trainer.run", "--"],
+        "args": ["python", "task.py", "--epochs", "30", "--steps-per-epoch", "100"]})
+    # Early in a run of 30 epochs (a short run could finish before the SIGTERM arrives).
+    result = run_local(engine, tmp_path, job, "--keep", str(tmp_path / "kept"), "--preempt", "workerpool1-0@/Epoch 2.30/")
+    assert result.returncode == 0, result.stdout[-5000:]
+    notes = lines(result.stdout, "local-run")
+    assert any(n.startswith("workerpool1-0 was preempted (STOCKOUT): restarting the whole job") for n in notes), notes
+    rows = summary(result.stdout)
+    assert rows["workerpool1-0"][0][0] in (137, 143), rows  # stopped by the preemption, not finished
+    assert rows["workerpool0-0"][0][-1] == 0 and rows["workerpool0-0"][1] == 1, rows
+    for replica in ("workerpool0-0", "workerpool1-0"):
+        assert lines(result.stdout, replica, "INFO").count("num_replicas_in_sync 2") == 2, result.stdout[-4000:]
+    assert (tmp_path / "kept" / "own-spot" / "job" / "model" / "saved_model.pb").exists()
+    assert leftovers(engine) == []
+
+
+def test_the_autopackaged_script_trains_in_the_jobset_submit_job_writes(engine, autopackaged_image, tmp_path):
+    """Needs the JobSet writer to give every command its TF_CONFIG and AIP_* (the `rehearsal` branch
+    of issue 39): no flag names the image's command."""
+    printed = subprocess.run([PYTHON, "-m", "scripts.submit_job", "jobset", "--image-uri", autopackaged_image,
+                              "--workers", "1", "--base-output-dir", "/tmp/out"],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+    manifest = yaml.safe_load(printed)
+    for rjob in manifest["spec"]["replicatedJobs"]:
+        container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
+        assert "command" not in container and not container.get("args"), container
+    (tmp_path / "jobset.yaml").write_text(yaml.safe_dump(manifest))
+    result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0], "--jobset",
+                             str(tmp_path / "jobset.yaml")], cwd=REPO, env=user_env(), capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    name = manifest["metadata"]["name"]
+    for pod in (f"{name}-chief-0-0", f"{name}-worker-0-0"):
+        assert "num_replicas_in_sync 2" in lines(result.stdout, pod), result.stdout[-4000:]
+    assert leftovers(engine) == []

@@ -1,0 +1,196 @@
+"""trainer.run around real processes: a plain MultiWorkerMirrored script (tests/fixtures/autopackaging,
+which knows nothing of this project) trained by two processes whose cluster is described as a
+platform describes it; signals, crashes and exit codes; and trainer.stopping."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, clean_env, run_module
+from trainer import launch, stopping
+
+SCRIPT = REPO / "tests" / "fixtures" / "autopackaging" / "task.py"
+REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+# What the images set (Dockerfile.cpu): a plain script's tf.keras is then tf-keras, whose
+# model.fit works under MultiWorkerMirroredStrategy with two processes (Keras 3's fails).
+IMAGE_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+
+
+def runner(*command: str, env: dict, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainer.run", "--", *command], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_vertex_cluster_spec_with_reducers_trains_the_plain_script_on_two_replicas(tmp_path):
+    """Vertex gives a two-replica job CLUSTER_SPEC (workerpool0/1) and, in pool 2, Reduction Server
+    reducers that run no TensorFlow: the runner makes a TF_CONFIG without them, or the strategy would
+    wait for them forever."""
+    chief_port, worker_port, reducer_port = launch.free_ports(3)
+    job = {"workerPoolSpecs": [{}, {}, {"containerSpec": {"imageUri": REDUCER_IMAGE}}]}
+    cluster = {"workerpool0": [f"localhost:{chief_port}"], "workerpool1": [f"localhost:{worker_port}"],
+               "workerpool2": [f"localhost:{reducer_port}"]}
+    model_dir = tmp_path / "model"
+    processes = {}
+    for pool in ("workerpool0", "workerpool1"):
+        spec = {"cluster": cluster, "task": {"type": pool, "index": 0}, "job": job}
+        env = clean_env(**IMAGE_ENV, CLUSTER_SPEC=json.dumps(spec), AIP_MODEL_DIR=str(model_dir),
+                        TMPDIR=str(tmp_path))
+        processes[pool] = runner(sys.executable, str(SCRIPT), env=env)
+    results = {pool: process.communicate(timeout=600) for pool, process in processes.items()}
+    for pool, (out, err) in results.items():
+        assert processes[pool].returncode == 0, (pool, out[-2000:], err[-3000:])
+        assert "num_replicas_in_sync 2" in out.splitlines(), (pool, out[-2000:])
+    assert "saved to AIP_MODEL_DIR" in results["workerpool0"][0]
+    assert "saved to a temporary directory" in results["workerpool1"][0]
+    assert (model_dir / "saved_model.pb").exists()
+
+
+def test_trainer_launch_runs_the_plain_script_through_the_runner_on_every_task(tmp_path):
+    """`trainer.launch -- COMMAND`: each task's TF_CONFIG from the launcher, the runner inside."""
+    model_dir = tmp_path / "model"
+    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
+                        "--", sys.executable, "-m", "trainer.run", "--", sys.executable, str(SCRIPT),
+                        env=clean_env(**IMAGE_ENV, AIP_MODEL_DIR=str(model_dir)), timeout=560)
+    assert result.returncode == 0, result.stdout[-4000:]
+    for task in ("chief-0", "worker-0"):
+        assert f"[{task}] num_replicas_in_sync 2" in result.stdout.splitlines(), result.stdout[-4000:]
+    assert (model_dir / "saved_model.pb").exists()
+
+
+def test_a_jobset_pod_gets_a_tf_config_and_the_output_directories():
+    """One JobSet pod's view (two pods of a JobSet need two hosts: every pod listens on one port)."""
+    env = clean_env(JOBSET_NAME="mine", JOBSET_REPLICATED_JOB="worker", JOBSET_JOB_INDEX="0",
+                    JOBSET_PODS="chief=1,worker=1", JOB_COMPLETION_INDEX="0", HOSTNAME="mine-worker-0-0")
+    process = runner("python", "-c", "import os; print(os.environ['TF_CONFIG']); print(os.environ['AIP_MODEL_DIR'])",
+                     env=env)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    tf_config, model_dir = out.splitlines()
+    assert json.loads(tf_config) == {"cluster": {"chief": ["mine-chief-0-0.mine:2222"], "worker": ["mine-worker-0-0.mine:2222"]},
+                                     "task": {"type": "worker", "index": 0}}
+    assert model_dir == "output/model"
+
+
+WAITS_FOR_SIGTERM = """
+import signal, sys, time
+def stopped(signum, frame):
+    print("child got SIGTERM", flush=True)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stopped)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigterm_reaches_the_command_and_the_runner_exits_143():
+    process = runner("python", "-c", WAITS_FOR_SIGTERM, env=clean_env())
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert out == "child got SIGTERM\n"
+    assert process.returncode == 143, err  # the script exited 1 after the stop: still a stop
+
+
+def test_sigterm_reaches_every_process_of_a_shell_line():
+    """The signal goes to the command's process group: a shell that waits does not forward it."""
+    line = "python -c 'import time; print(\"ready\", flush=True); time.sleep(600)' & wait"
+    process = runner("bash", "-c", line, env=clean_env())
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == 143
+
+
+def test_killing_the_runner_kills_the_command(tmp_path):
+    process = runner("python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)", env=clean_env())
+    child = int(process.stdout.readline())
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{child}") and _state(child) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}") or _state(child) == "Z", "the command outlived its runner"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_a_crash_arrives_whole_on_stderr_with_the_commands_exit_code():
+    deep = "def f(n):\n    return f(n - 1) if n else 1 / 0\nprint('progress', flush=True)\nf(40)\n"
+    process = runner("python", "-c", deep, env=clean_env())
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert out == "progress\n"
+    direct = subprocess.run([sys.executable, "-c", deep], capture_output=True, text=True, timeout=60)
+    assert err == direct.stderr  # line for line what the script printed, in order
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "ZeroDivisionError: division by zero", err
+
+
+def test_the_last_line_without_a_newline_and_a_signal_death_are_kept():
+    process = runner("bash", "-c", "printf 'dying now' >&2; kill -SEGV $$", env=clean_env())
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 139 and err == "dying now\n"
+
+
+def test_info_lines_of_stderr_go_to_stdout_and_harmless_ones_are_dropped():
+    script = ("import sys; "
+              "print('I1125 12:00:00.123456 1 a.cc:1] loading', file=sys.stderr); "
+              "print('I0000 00:00:1.0 1 port.cc:1] oneDNN custom operations are on. Off with TF_ENABLE_ONEDNN_OPTS=0.', file=sys.stderr); "
+              "print('WARNING:tensorflow:careful', file=sys.stderr)")
+    process = runner("python", "-c", script, env=clean_env())
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert out == "I1125 12:00:00.123456 1 a.cc:1] loading\n"
+    assert err == "WARNING:tensorflow:careful\n"
+
+
+def test_json_entries_in_a_kubernetes_pod():
+    process = runner("python", "-c", "import sys; print('WARNING:x:y', file=sys.stderr)",
+                     env=clean_env(KUBERNETES_SERVICE_HOST="10.0.0.1"))
+    _, err = process.communicate(timeout=60)
+    assert json.loads(err) == {"severity": "WARNING", "message": "WARNING:x:y"}
+
+
+@pytest.mark.parametrize("mode, code, message", [
+    (None, 127, "trainer.run: {path}: command not found"),
+    (0o644, 126, "trainer.run: {path}: cannot execute: Permission denied"),
+    (0o755, 126, "trainer.run: {path}: cannot execute: Exec format error"),  # no #! line
+])
+def test_a_command_that_cannot_start_is_one_line(tmp_path, mode, code, message):
+    path = tmp_path / "notes.txt"
+    if mode is not None:
+        path.write_text("not a program\n")
+        path.chmod(mode)
+    process = runner(str(path), env=clean_env())
+    message = message.format(path=path)
+    out, err = process.communicate(timeout=60)
+    assert (process.returncode, err, out) == (code, message + "\n", "")
+
+
+def test_an_unusable_cluster_is_one_line_and_exit_2():
+    process = runner("true", env=clean_env(TF_CONFIG='{"cluster": {"worker": ["w:1"]}, "task": {"type": "boss"}}'))
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and err.count("\n") == 1 and err.startswith("trainer.run: error: TF_CONFIG: ")
+
+
+def test_stopping_gives_a_grace_period_then_kills():
+    obeys = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    ignores = subprocess.Popen([sys.executable, "-c",
+                                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
+                                "time.sleep(600)"], stdout=subprocess.PIPE)
+    ignores.stdout.readline()  # its handler is in place
+    stopping.stop([obeys, ignores], grace=2)
+    assert obeys.returncode == -signal.SIGTERM and ignores.returncode == -signal.SIGKILL
