@@ -195,11 +195,20 @@ def dataset(files: Sequence[str], batch_size: int, context, *, training: bool, s
 
 
 def is_bad_csv(error: BaseException) -> str | None:
-    """The first line of tf.data's complaint about a CSV field it cannot parse, or None."""
+    """What tf.data's complaint about a CSV row it cannot parse says, with the column named
+    (its own "Field 1 in record 0" counts within a batch, which tells a user nothing); else None."""
+    import re
+
     import tensorflow as tf
 
     if not isinstance(error, tf.errors.InvalidArgumentError):
         return None
-    message = (error.message or "").strip().splitlines()[0] if error.message else ""
-    markers = ("Field ", "Expect ", "Unquoted fields", "Quoted field", "Quote inside")
-    return message if any(marker in message for marker in markers) else None
+    message = " ".join((error.message or "").split())
+    field = re.search(r"Field (\d+) in record \d+ (.*?)(?: \[\[|$)", message)
+    if field and int(field.group(1)) < len(COLUMNS):
+        return f"{COLUMNS[int(field.group(1))]} {field.group(2)}"
+    count = re.search(r"Expect (\d+) fields but have (\d+) in record", message)
+    if count:
+        return f"a row has {count.group(2)} fields, expected {count.group(1)} ({','.join(COLUMNS)})"
+    quote = re.search(r"((?:Unquoted|Quoted) fields? .*?|Quote inside .*?)(?: \[\[|$)", message)
+    return quote.group(1) if quote else None
