@@ -44,6 +44,11 @@ def fares_image(engine, cpu_image):
     return FARES_IMAGE
 
 
+def test_the_fares_dockerfile_passes_hadolint():
+    result = sh("hadolint", "--config", ".hadolint.yaml", "examples/fares/Dockerfile", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_fares_image_trains_under_vertex_is_preempted_resumes_and_saves_from_the_chief(engine, fares_image, tmp_path):
     data = tmp_path / "data"
     made = subprocess.run([sys.executable, "-m", "fares.generate", "--out", str(data), "--files", "4", "--rows", "400",

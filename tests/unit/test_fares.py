@@ -131,3 +131,18 @@ def test_a_csv_field_tf_data_cannot_parse_becomes_one_line(tmp_path):
     assert line == ("a row of the CSV files cannot be read (passengers is not a valid int64: one); check "
                     "--train-files and --eval-files"), line
     assert fares_task.FaresTask().describe_error(ValueError("other"), None) is None
+
+
+def test_the_example_uses_only_the_runtimes_public_interface():
+    """What a user's package may import of the runtime; anything else would be a back door."""
+    import ast
+
+    public = {"trainer", "trainer.tasks", "trainer.fit", "trainer.inputs", "trainer.cli"}
+    used = set()
+    for path in (REPO / "examples" / "fares" / "fares").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "trainer":
+                used |= {node.module} if node.module != "trainer" else {f"trainer.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                used |= {a.name for a in node.names if a.name.split(".")[0] == "trainer"}
+    assert used and used <= public, sorted(used - public)
