@@ -137,7 +137,7 @@ def build_parser(task: Task, prog: str = "python -m trainer.fit") -> tuple[argpa
 
     speed = parser.add_argument_group("speed")
     speed.add_argument(
-        "--mixed-precision", choices=precision.CHOICES, default="auto",
+        "--mixed-precision", choices=precision.CHOICES, default=task.mixed_precision,
         help="compute dtype; variables stay float32. auto: float16 when every "
         "local GPU has compute capability 7.0+; on a CPU with bfloat16 instructions (AVX512-BF16, "
         "AMX), bfloat16 if a few seconds' measurement at start finds it 1.15x faster, agreed by "

@@ -78,7 +78,6 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             # Training may replace a checkpoint while it is read; the next one will do.
             log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint, error)
             continue
-        model.compile(loss=task.loss(run_info), metrics=task.metrics(run_info))
         try:
             results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)
         except Exception as error:

@@ -55,10 +55,14 @@ def save_from_every_worker(task: Task, model: tf.keras.Model, run: Run, cluster:
 
 def model_from_checkpoint(task: Task, run: Run, checkpoint: str) -> tf.keras.Model:
     """The task's model, built in float32 outside any strategy, with the checkpoint's weights
-    (float32 under every policy). Used by the PSS export and the side-car evaluator."""
+    (float32 under every policy), compiled with the task's loss and metrics. Used by the PSS
+    export and the side-car evaluator."""
     with precision.float32_policy():
         model = task.build_model(run)
     model.load_weights(checkpoint).expect_partial()
+    # With the training's loss and metrics: tf-keras's save builds the compiled metrics of the
+    # model it saves, and warns on stderr about a model that has none.
+    model.compile(loss=task.loss(run), metrics=task.metrics(run))
     return model
 
 

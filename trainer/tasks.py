@@ -103,11 +103,14 @@ class Task:
     """Subclass it; override `train_dataset`, `build_model` and `loss` at least.
 
     Class attributes set the defaults of runtime flags that depend on the model:
-    `hypertune_metric` (--hypertune-metric) and `learning_rate` (--learning-rate)."""
+    `hypertune_metric` (--hypertune-metric), `learning_rate` (--learning-rate) and
+    `mixed_precision` (--mixed-precision: "auto" measures a ResNet50 block on CPUs with bfloat16
+    instructions, which says little about a small dense model; such a task sets "off")."""
 
     name: ClassVar[str] = "task"
     hypertune_metric: ClassVar[str] = "loss"
     learning_rate: ClassVar[float] = 1e-3
+    mixed_precision: ClassVar[str] = "auto"
     description: ClassVar[str] = ""  # --help's first line
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -163,8 +166,10 @@ class Task:
 
     def export(self, model: "tf.keras.Model", path: str, run: Run) -> None:
         """Saves the trained model to `path`. Under MultiWorkerMirroredStrategy EVERY worker calls
-        it (saving is a collective), each with its own path; only the chief's is kept. The default
-        writes a SavedModel with Keras' default serving signature."""
+        it (saving is a collective), each with its own path; only the chief's is kept. A
+        ParameterServer job exports a model rebuilt from the last checkpoint, built in float32
+        and compiled with `loss` and `metrics` (no optimizer). The default writes a SavedModel
+        with Keras' default serving signature."""
         model.save(path)
 
     def describe_error(self, error: BaseException, run: Run) -> str | None:

@@ -58,7 +58,7 @@ def test_the_fares_image_trains_under_vertex_is_preempted_resumes_and_saves_from
     spec = dry_run("vertex", "--workers", "1", "--base-output-dir", f"gs://{BUCKET}/job", "--",
                    "--train-files", f"gs://{BUCKET}/data/train-*.csv", "--eval-files", f"/gcs/{BUCKET}/data/eval-*.csv",
                    "--epochs", "2", "--steps-per-epoch", "60", "--per-replica-batch-size", "16",
-                   "--backup-every-steps", "10", "--mixed-precision", "off", image=fares_image)
+                   "--backup-every-steps", "10", image=fares_image)
     chief_pool = spec["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
     assert "command" not in chief_pool  # the image's ENTRYPOINT runs: python -m fares.task
     chief_pool["env"] = [{"name": "CLOUD_ML_HP_METRIC_FILE", "value": METRICS_FILE}]

@@ -52,7 +52,7 @@ def fares_data(tmp_path_factory):
 
 def task_flags(root, out, *extra: str) -> list[str]:
     return ["python", "-m", "fares.task", "--train-files", str(root / "train-*.csv"),
-            "--eval-files", str(root / "eval-*.csv"), "--per-replica-batch-size", "16", "--mixed-precision", "off",
+            "--eval-files", str(root / "eval-*.csv"), "--per-replica-batch-size", "16",
             "--model-dir", str(out / "model"), *extra]
 
 

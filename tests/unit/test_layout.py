@@ -101,3 +101,24 @@ def test_the_public_names_are_typed_and_documented():
                                for p in list(inspect.signature(method).parameters.values())[1:]):
                             untyped.append(f"Task.{method_name}")
     assert undocumented == [] and untyped == []
+
+
+def test_a_task_sets_the_defaults_of_the_flags_that_depend_on_its_model():
+    """--hypertune-metric, --learning-rate and --mixed-precision default to the task's own."""
+    import sys
+
+    from cassava.task import CassavaTask
+    from trainer import config
+    from trainer.cluster import resolve
+
+    sys.path.insert(0, str(REPO / "examples" / "fares"))
+    try:
+        from fares.task import FaresTask
+    finally:
+        sys.path.remove(str(REPO / "examples" / "fares"))
+    cassava = config.parse([], {}, resolve({}), CassavaTask())
+    fares = config.parse(["--train-files", "x.csv"], {}, resolve({}), FaresTask())
+    assert (cassava.hypertune_metric, cassava.mixed_precision) == ("accuracy", "auto")
+    assert (fares.hypertune_metric, fares.mixed_precision) == ("mae", "off")
+    pinned = config.parse(["--train-files", "x.csv", "--mixed-precision", "bfloat16"], {}, resolve({}), FaresTask())
+    assert pinned.mixed_precision == "bfloat16"
