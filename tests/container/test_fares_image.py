@@ -88,3 +88,32 @@ def test_the_fares_image_trains_under_vertex_is_preempted_resumes_and_saves_from
     last = re.findall(r"epoch 2/2 ends: .*\bval_mae=(\S+) ", chief)
     assert [r["global_step"] for r in reports] == ["1", "2"] and abs(float(reports[-1]["mae"]) - float(last[-1])) < 1e-3
     assert leftovers(engine) == []
+
+
+def test_the_fares_image_trains_under_parameter_server_with_an_evaluator(engine, fares_image, tmp_path):
+    """The same image as a ParameterServer job: a coordinator, 2 workers, 1 parameter server and the
+    side-car evaluator, the data in the bucket; the coordinator exports and reports to tuning."""
+    data = tmp_path / "data"
+    made = subprocess.run([sys.executable, "-m", "fares.generate", "--out", str(data), "--files", "4", "--rows", "400",
+                           "--eval-rows", "100"], cwd=REPO, env=clean_env(PYTHONPATH=f"{REPO}:{EXAMPLE}"),
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    spec = dry_run("vertex", "--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator",
+                   "--base-output-dir", f"gs://{BUCKET}/pss", "--",
+                   "--train-files", f"/gcs/{BUCKET}/data/train-*.csv", "--eval-files", f"/gcs/{BUCKET}/data/eval-*.csv",
+                   "--epochs", "2", "--steps-per-epoch", "20", "--per-replica-batch-size", "16", image=fares_image)
+    spec["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["env"] = [
+        {"name": "CLOUD_ML_HP_METRIC_FILE", "value": METRICS_FILE}]
+    result = run_local(engine, tmp_path, spec, "--keep", str(tmp_path / "kept"), "--stage", f"{data}=gs://{BUCKET}/data")
+    assert result.returncode == 0, result.stdout[-5000:]
+
+    chief = "\n".join(lines(result.stdout, "workerpool0-0"))
+    assert "strategy=parameter_server workers=2 ps=1" in chief, chief[-3000:]
+    assert "trainer: epoch 2/2 ends: loss=" in chief, chief[-3000:]
+    evaluator = "\n".join(lines(result.stdout, "workerpool3-0"))
+    assert re.search(r"evaluator: epoch 2: .*\bmae=", evaluator), evaluator[-3000:]
+    kept = tmp_path / "kept" / BUCKET
+    assert (kept / "pss" / "model" / "saved_model.pb").exists()
+    reports = [json.loads(line) for line in (kept / "hypertune" / "output.metrics").read_text().splitlines()]
+    assert [r["global_step"] for r in reports] == ["1", "2"] and all(float(r["mae"]) > 0 for r in reports)
+    assert leftovers(engine) == []
