@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         for finding in blocking:
             print(finding.line())
         print(f"scan_gate.py: {len(blocking)} fixable finding(s) at or above {args.severity.upper()}: "
-              "rebuild, or refresh the bases and locks (scripts/refresh_bases.sh)", file=sys.stderr)
+              "rebuild, or refresh the bases and locks (scripts/refresh_bases.py)", file=sys.stderr)
         return 1
     print(f"scan_gate.py: no fixable finding at or above {args.severity.upper()} "
           f"({len(occurrences)} occurrence(s) read)")
