@@ -46,3 +46,13 @@ def test_each_build_asserts_the_minor_and_applies_security_updates_before_instal
     assert text.index("ARG OS_UPDATES=") < upgrade < text.index("pip install --no-deps --require-hashes")
     last_lock = max(m.start() for m in re.finditer(r"^COPY images/(cpu|gpu|serving)/requirements\.lock", text, re.M))
     assert text.index("/opt/sbom/python.cdx.json") > last_lock  # the SBOM lists every installed package
+
+
+@pytest.mark.parametrize("flavour", ["cpu", "gpu", "serving"])
+def test_each_structure_test_expects_the_minor_the_dockerfiles_name(flavour):
+    import yaml
+
+    config = yaml.safe_load((REPO / "images" / flavour / "structure.yaml").read_text())
+    test = next(t for t in config["commandTests"] if "PYTHON_MINOR" in t["name"])
+    minor = args("Dockerfile.cpu")["PYTHON_MINOR"]
+    assert test["expectedOutput"] == [f"^python {re.escape(minor)}\n$"]
