@@ -8,8 +8,10 @@
 #   scripts/images.sh push cpu|gpu|serving REPO    push as REPO/cassava-trainer-FLAVOUR:$TAG; prints the digest
 #   scripts/images.sh size cpu|gpu|serving         uncompressed size, and per layer
 #
-# Environment: TAG (default dev); BASE_IMAGE to replace the Dockerfile's base (CI's stand-in);
-# PYTHON for a base whose interpreter has another name; REVISION/VERSION for the OCI labels.
+# Environment: TAG (default dev); BASE_IMAGE to replace the Dockerfile's bases (CI's stand-in, which
+# also stands in for the GPU image's interpreter image); PYTHON for a base whose interpreter has
+# another name; OS_UPDATES to take the distribution's security updates anew (any new value, e.g.
+# the ISO week: the layer that applies them is cached per value); REVISION/VERSION for the OCI labels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/engine.sh
@@ -28,7 +30,12 @@ dockerfile() { if [ "$1" = serving ]; then echo images/serving/Dockerfile; else 
 
 build() {
   local flavour=$1 args=()
-  [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+  if [ -n "${BASE_IMAGE:-}" ]; then
+    args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+    # The GPU image copies its interpreter from a second base; a stand-in base carries its own.
+    [ "$flavour" = gpu ] && args+=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE")
+  fi
+  [ -n "${OS_UPDATES:-}" ] && args+=(--build-arg "OS_UPDATES=$OS_UPDATES")
   [ -n "${PYTHON:-}" ] && args+=(--build-arg "PYTHON=$PYTHON")
   args+=(--build-arg "REVISION=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
          --build-arg "VERSION=${VERSION:-$TAG}" -f "$(dockerfile "$flavour")" -t "$(image_name "$flavour")")
@@ -112,5 +119,5 @@ case "$command" in
   test) check_flavour "${1:-}"; structure_test "$1" ;;
   push) check_flavour "${1:-}"; push "$1" "${2:-}" ;;
   size) check_flavour "${1:-}"; size "$1" ;;
-  *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,15p' "$0" >&2; exit 2 ;;
 esac

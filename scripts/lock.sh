@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
+# The images' Python minor, from the one place that names it (ARG PYTHON_MINOR in Dockerfile.cpu).
+PYTHON_MINOR=$(sed -n 's/^ARG PYTHON_MINOR=//p' Dockerfile.cpu)
+[ -n "$PYTHON_MINOR" ] || { echo "lock.sh: Dockerfile.cpu names no ARG PYTHON_MINOR" >&2; exit 2; }
 command -v uv >/dev/null || python3 -m pip install --quiet "uv==${UV_VERSION}"
 
 compile() {  # compile OUTPUT EXTRA...
@@ -12,7 +15,7 @@ compile() {  # compile OUTPUT EXTRA...
   local extras=()
   for extra in "$@"; do extras+=(--extra "$extra"); done
   uv pip compile pyproject.toml "${extras[@]}" \
-    --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+    --python-version "$PYTHON_MINOR" --python-platform x86_64-manylinux_2_28 \
     --prerelease explicit --generate-hashes --no-header --quiet \
     "${overrides[@]}" -o "$output"
   echo "wrote $output"
@@ -42,7 +45,11 @@ PY
 # GPU image: the full `tensorflow` wheel and the pinned NVIDIA CUDA wheels it loads (pyproject.toml).
 overrides=(--override requirements/overrides.txt)
 compile images/gpu/requirements.lock gpu
+# The SBOM generators every image runs during its build and then deletes: a standalone list too.
+uv pip compile images/sbom/requirements.in --python-version "$PYTHON_MINOR" --python-platform x86_64-manylinux_2_28 \
+  --generate-hashes --no-header --quiet -o images/sbom/requirements.lock
+echo "wrote images/sbom/requirements.lock"
 # Vertex AI's prebuilt prediction runtime's TensorFlow, for the serving tests: a standalone list.
-uv pip compile requirements/serving-runtime.in --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+uv pip compile requirements/serving-runtime.in --python-version "$PYTHON_MINOR" --python-platform x86_64-manylinux_2_28 \
   --generate-hashes --no-header --quiet -o requirements/serving-runtime.lock
 echo "wrote requirements/serving-runtime.lock"

@@ -32,10 +32,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(REPO, "images", "gpu", "requirements.lock")
 OUTPUT = os.path.join(REPO, "images", "gpu", "tensorflow-build-info.json")
 BUILD_INFO_MEMBER = "tensorflow/python/platform/build_info.py"
-# The image's interpreter (Dockerfile.gpu's PYTHON) and every manylinux tag its glibc (2.35,
-# Ubuntu 22.04) accepts, so pip picks the wheel the image build picks.
+# The image's interpreter (Dockerfile.gpu's PYTHON) and every manylinux tag its glibc (2.39,
+# Ubuntu 24.04) accepts, so pip picks the wheel the image build picks.
 PYTHON_VERSION = "3.11"
-PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(17, 36)]
+PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(17, 40)]
 
 
 class BuildInfoError(RuntimeError):

@@ -274,3 +274,62 @@ def test_gpu_stack_check_fails_on_a_cudnn_below_the_minimum(engine, gpu_image, t
     assert "cudnn 9.1.0 at /old-cudnn/libcudnn.so.9 is older than 9.24.0" in errors[0]
     # and the same image, unchanged, passes: the failure came from the library, not the check
     assert sh(tool, "run", "--rm", "--entrypoint", "python", gpu_image, "-m", "trainer.gpu_stack", env=env).returncode == 0
+
+
+LOCKS = {"cpu": ["images/cpu/requirements.lock"], "gpu": ["images/gpu/requirements.lock"],
+         "serving": ["images/cpu/requirements.lock", "images/serving/requirements.lock"]}
+# Locked, installed, then deleted whole by the dependency layer (TensorFlow's build-time bindings
+# generator, which training never loads): the SBOM rightly leaves it out.
+DELETED_AFTER_INSTALL = {"libclang": '"$site"/libclang-*'}
+
+
+def pep503(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_output(engine, image: str, *command: str) -> str:
+    tool, env = engine
+    return sh(tool, "run", "--rm", "--entrypoint", command[0], image, *command[1:], env=env).stdout
+
+
+@pytest.mark.parametrize("flavour", ["cpu", "gpu", "serving"])
+def test_the_sbom_lists_every_locked_package_at_its_locked_version_and_every_os_package(flavour, request, engine):
+    """The image's own SBOM, written during its build: the venv's packages (CycloneDX) are the
+    locks' at their versions, plus only what `python -m venv` itself puts there; the OS packages
+    (SPDX) are what dpkg says is installed, version for version. The generators are gone."""
+    image = request.getfixturevalue(f"{flavour}_image")
+    python_sbom = json.loads(image_output(engine, image, "cat", "/opt/sbom/python.cdx.json"))
+    assert python_sbom["bomFormat"] == "CycloneDX" and python_sbom["specVersion"] == "1.5"
+    listed = {pep503(c["name"]): c["version"] for c in python_sbom["components"]}
+    locked = {}
+    for lock in LOCKS[flavour]:
+        locked.update({pep503(n): v for n, v in re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", (REPO / lock).read_text(), re.M)})
+    assert len(locked) > 30
+    dockerfile = (REPO / ("images/serving/Dockerfile" if flavour == "serving" else f"Dockerfile.{flavour}")).read_text()
+    for name, deletion in DELETED_AFTER_INSTALL.items():
+        assert name in locked and deletion in dockerfile and name not in listed, name
+        del locked[name]
+    wrong = {name: (version, listed.get(name)) for name, version in locked.items() if listed.get(name) != version}
+    assert wrong == {}, wrong  # locked version, SBOM's version
+    assert set(listed) - set(locked) <= {"pip", "setuptools"}, set(listed) - set(locked)
+
+    os_sbom = json.loads(image_output(engine, image, "cat", "/opt/sbom/os.spdx.json"))
+    assert os_sbom["spdxVersion"] == "SPDX-2.3"
+    os_listed = {p["name"]: p.get("versionInfo") for p in os_sbom["packages"]}
+    installed = dict(line.split(None, 2)[1:] for line in image_output(
+        engine, image, "dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${Package} ${Version}\n").splitlines()
+        if line.startswith("ii "))
+    assert len(installed) > 50
+    assert {p: v for p, v in installed.items() if os_listed.get(p) != v} == {}
+    assert image_output(engine, image, "bash", "-c", "ls /tmp; command -v cyclonedx-py distro2sbom || true").strip() == ""
+
+
+@pytest.mark.parametrize("flavour", ["cpu", "gpu", "serving"])
+def test_the_interpreter_is_the_python_minor_the_dockerfiles_name(flavour, request, engine):
+    """CI builds on a stand-in base: its interpreter must be production's minor, the one ARG
+    PYTHON_MINOR names (the locks are compiled for it)."""
+    image = request.getfixturevalue(f"{flavour}_image")
+    dockerfile = "images/serving/Dockerfile" if flavour == "serving" else f"Dockerfile.{flavour}"
+    minor = re.search(r"^ARG PYTHON_MINOR=(\S+)$", (REPO / dockerfile).read_text(), re.M).group(1)
+    running = image_output(engine, image, "python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])").strip()
+    assert running == minor

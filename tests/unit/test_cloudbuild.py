@@ -2,6 +2,7 @@
 
 import json
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -9,14 +10,17 @@ import yaml
 from helpers import REPO
 
 CONFIG = yaml.safe_load((REPO / "cloudbuild.yaml").read_text())
+FLAVOURS = ("cpu", "gpu", "serving")
+# What happens to each image, in this order; each stage waits for the one before it.
+STAGES = ("build", "sbom", "scan", "scan-gate", "structure-test", "push", "attach-sbom")
 
 
 def test_loads_into_the_cloud_build_schema_with_unknown_fields_failing():
     from google.cloud.devtools import cloudbuild_v1
 
     build = cloudbuild_v1.Build.from_json(json.dumps(CONFIG), ignore_unknown_fields=False)
-    assert [step.id for step in build.steps] == ["build-cpu", "build-gpu", "build-serving", "structure-test-cpu",
-                                                 "structure-test-gpu", "structure-test-serving"]
+    assert [step.id for step in build.steps] == [f"{stage}-{flavour}" for flavour in FLAVOURS for stage in STAGES]
+    assert build.options.requested_verify_option == cloudbuild_v1.BuildOptions.VerifyOption.VERIFIED
     assert build.timeout.total_seconds() >= 1800
     assert build.options.machine_type == cloudbuild_v1.BuildOptions.MachineType.E2_HIGHCPU_8
     broken = json.loads(json.dumps(CONFIG))
@@ -26,12 +30,59 @@ def test_loads_into_the_cloud_build_schema_with_unknown_fields_failing():
         cloudbuild_v1.Build.from_json(json.dumps(broken), ignore_unknown_fields=False)
 
 
-def test_the_training_images_build_in_parallel_and_every_image_is_tested_before_push():
+def test_the_training_images_build_in_parallel_and_every_image_is_scanned_and_tested_before_push():
     steps = {step["id"]: step for step in CONFIG["steps"]}
     assert steps["build-cpu"]["waitFor"] == ["-"] and steps["build-gpu"]["waitFor"] == ["-"]
-    for flavour in ("cpu", "gpu", "serving"):
-        assert steps[f"structure-test-{flavour}"]["waitFor"] == [f"build-{flavour}"]
+    for flavour in FLAVOURS:
+        for before, after in zip(STAGES, STAGES[1:]):
+            assert steps[f"{after}-{flavour}"]["waitFor"] == [f"{before}-{flavour}"], (after, flavour)
         assert f"--cache-from ${{_REGISTRY}}/cassava-trainer-{flavour}:${{_MOVING_TAG}}" in steps[f"build-{flavour}"]["args"][-1]
+        assert "--build-arg OS_UPDATES=$$(date -u +%G-W%V)" in steps[f"build-{flavour}"]["args"][-1]
+        image = f"${{_REGISTRY}}/cassava-trainer-{flavour}:$SHORT_SHA"
+        scan = steps[f"scan-{flavour}"]["args"][-1]
+        assert f"gcloud artifacts docker images scan {image} " in scan and "--remote" not in scan  # the local image
+        assert f"list-vulnerabilities \"$$(cat sbom/{flavour}/scan-id)\"" in scan
+        assert f"> sbom/{flavour}/vulnerabilities.json" in scan
+        assert (f"scripts/scan_gate.py --severity ${{_SEVERITY}} sbom/{flavour}/vulnerabilities.json"
+                in steps[f"scan-gate-{flavour}"]["args"][-1])
+        assert f"docker cp \"$$container:/opt/sbom/.\" sbom/{flavour}/" in steps[f"sbom-{flavour}"]["args"][-1]
+        attach = steps[f"attach-sbom-{flavour}"]["args"][-1]
+        assert "gcloud artifacts sbom load" in attach and f'--uri="$$(cat sbom/{flavour}/pushed)"' in attach
+        assert f"sbom/{flavour}/python.cdx.json sbom/{flavour}/os.spdx.json" in attach
+
+
+def canned_occurrence(severity, fix_available):
+    return {"noteName": "projects/goog-vulnz/notes/CVE-2026-9999", "kind": "VULNERABILITY",
+            "vulnerability": {"effectiveSeverity": severity, "fixAvailable": fix_available, "packageIssue": [
+                {"affectedPackage": "libssl3t64", "affectedVersion": {"fullName": "3.0.13-0ubuntu3.5"},
+                 "fixedVersion": {"kind": "NORMAL", "fullName": "3.0.13-0ubuntu3.6"} if fix_available else {"kind": "MAXIMUM"},
+                 "fixAvailable": fix_available}]}}
+
+
+@pytest.mark.parametrize("occurrences, exit_code", [
+    ([canned_occurrence("CRITICAL", True)], 1),
+    ([canned_occurrence("CRITICAL", False)], 0),
+    ([canned_occurrence("HIGH", True)], 0),
+])
+def test_the_scan_gate_step_as_written_fails_the_build_on_a_fixable_critical_finding(tmp_path, occurrences, exit_code):
+    """The gate step's own script, with the default threshold, on a canned scan result where the
+    scan step writes it."""
+    step = next(s for s in CONFIG["steps"] if s["id"] == "scan-gate-gpu")
+    script = step["args"][-1].replace("${_SEVERITY}", CONFIG["substitutions"]["_SEVERITY"])
+    script = script.replace("scripts/scan_gate.py", str(REPO / "scripts" / "scan_gate.py"))
+    (tmp_path / "sbom" / "gpu").mkdir(parents=True)
+    (tmp_path / "sbom" / "gpu" / "vulnerabilities.json").write_text(json.dumps(occurrences))
+    result = subprocess.run(["bash", *step["args"][:-1], script], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == exit_code, result.stdout + result.stderr
+    if exit_code:
+        assert "CRITICAL CVE-2026-9999 libssl3t64 3.0.13-0ubuntu3.5 -> fixed in 3.0.13-0ubuntu3.6" in result.stdout
+
+
+def test_the_default_severity_threshold_is_critical_and_the_steps_python_is_the_cpu_images_base():
+    assert CONFIG["substitutions"]["_SEVERITY"] == "CRITICAL"
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile.cpu").read_text(), re.M).group(1)
+    assert CONFIG["substitutions"]["_PYTHON_IMAGE"] == base
+    assert re.fullmatch(r"gcr\.io/google\.com/cloudsdktool/google-cloud-cli:\d+\.\d+\.\d+", CONFIG["substitutions"]["_GCLOUD_IMAGE"])
 
 
 def test_the_prediction_image_is_built_after_the_cpu_image_from_its_layers():
@@ -49,7 +100,7 @@ def test_the_prediction_image_is_built_after_the_cpu_image_from_its_layers():
                 if line.strip() and not line.lstrip().startswith("#")]
         return kept
 
-    shared = steps_before(cpu, "useradd")
+    shared = steps_before(cpu, "images/sbom/requirements.lock")
     assert shared and steps_before(serving, "images/serving/requirements.lock") == shared
 
 
