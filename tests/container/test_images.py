@@ -199,11 +199,12 @@ def test_push_to_a_registry_and_pull_back_by_digest(engine, cpu_image, local_reg
 def test_trainer_only_change_reuses_the_dependency_layer(base_image, cpu_image, tmp_path):
     """A copy of the build context with one trainer file changed: the pip layer comes from cache."""
     context = tmp_path / "context"
-    files = sh("git", "ls-files", "Dockerfile.cpu", ".dockerignore", "trainer", "images", "scripts").stdout.split()
+    files = sh("git", "ls-files", "Dockerfile.cpu", ".dockerignore", "trainer", "cassava", "serving", "images",
+               "scripts").stdout.split()
     for name in files:
         (context / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, context / name)
-    (context / "trainer" / "task.py").write_text((REPO / "trainer" / "task.py").read_text() + f"\n# change {uuid.uuid4()}\n")
+    (context / "trainer" / "fit.py").write_text((REPO / "trainer" / "fit.py").read_text() + f"\n# change {uuid.uuid4()}\n")
     started = time.monotonic()
     result = subprocess.run(["scripts/images.sh", "build", "cpu"], cwd=context, capture_output=True, text=True,
                             env={**build_env(base_image), "TAG": "rebuild", "REVISION": "test"}, timeout=1800)
