@@ -14,7 +14,7 @@ import yaml
 
 from helpers import REPO, clean_env, run_module
 from scripts import jobspec, submit_job
-from scripts.rehearsal import jobset as rehearsal_jobset
+from scripts.rehearsal.jobset import manifest as rehearsal_manifest, pods as rehearsal_pods
 from trainer import exits
 from trainer.cluster import ClusterConfigError, resolve
 
@@ -247,14 +247,14 @@ def test_a_name_kubernetes_would_refuse_is_one_line_and_exit_2(argv, message):
 
 def resolved_pods(jobset):
     """{hostname: Cluster} for every pod of `jobset`, each from the environment Kubernetes gives it."""
-    return {pod["hostname"]: resolve(pod["env"]) for pod in rehearsal_jobset.jobset_pods(jobset)}
+    return {pod["hostname"]: resolve(pod["env"]) for pod in rehearsal_pods.jobset_pods(jobset)}
 
 
 @pytest.mark.parametrize("name", REQUESTS)
 def test_every_pod_resolves_one_cluster_each_with_its_own_dns_name(name):
     jobset = manifest(name)
     num_workers, num_ps, evaluator = EXPECTED[name]
-    pods = rehearsal_jobset.jobset_pods(jobset)
+    pods = rehearsal_pods.jobset_pods(jobset)
     clusters = [resolve(pod["env"]) for pod in pods]
     assert len({json.dumps(c.tf_config["cluster"], sort_keys=True) for c in clusters}) == 1
     assert sum(c.is_chief for c in clusters) == 1
@@ -275,7 +275,7 @@ def test_the_cli_prints_the_same_cluster_in_every_pod():
 
     base = {k: v for k, v in clean_env().items() if k not in {"HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES}}
     printed = []
-    for pod in rehearsal_jobset.jobset_pods(manifest("pss-evaluator")):
+    for pod in rehearsal_pods.jobset_pods(manifest("pss-evaluator")):
         result = subprocess.run([sys.executable, "-m", "trainer.cluster"], env={**base, **pod["env"]}, cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
@@ -449,7 +449,7 @@ def test_a_hand_written_jobset_with_its_own_subdomain_passes_it_on():
     jobset["spec"]["network"] = {"subdomain": "tf-net"}
     for rjob in jobset["spec"]["replicatedJobs"]:
         rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "JOBSET_SUBDOMAIN", "value": "tf-net"})
-    pods = rehearsal_jobset.jobset_pods(jobset)
+    pods = rehearsal_pods.jobset_pods(jobset)
     assert {pod["subdomain"] for pod in pods} == {"tf-net"}
     assert resolve(pods[0]["env"]).tf_config["cluster"]["worker"] == ["cassava-worker-0-0.tf-net:2222", "cassava-worker-0-1.tf-net:2222"]
 
@@ -484,20 +484,20 @@ def worker_env(jobset):
 ])
 def test_a_hand_written_jobset_that_gets_it_wrong_stops_the_pods_it_misleads(change, message):
     errors = []
-    for pod in rehearsal_jobset.jobset_pods(hand_written_with(change)):
+    for pod in rehearsal_pods.jobset_pods(hand_written_with(change)):
         try:
             resolve(pod["env"])
         except ClusterConfigError as error:
             errors.append(str(error))
     assert errors and all(error.startswith(message) for error in errors), errors
-    assert [resolve(pod["env"]).task_name for pod in rehearsal_jobset.jobset_pods(yaml.safe_load(HAND_WRITTEN_MWMS))] == \
+    assert [resolve(pod["env"]).task_name for pod in rehearsal_pods.jobset_pods(yaml.safe_load(HAND_WRITTEN_MWMS))] == \
         ["chief-0", "worker-0", "worker-1"]
 
 
 # --- jobset_pods: what Kubernetes makes of a manifest -----------------------------------------------
 
 def test_pods_get_jobsets_labels_the_job_controllers_index_and_hostname():
-    pods = rehearsal_jobset.jobset_pods(yaml.safe_load(HAND_WRITTEN_PSS))
+    pods = rehearsal_pods.jobset_pods(yaml.safe_load(HAND_WRITTEN_PSS))
     worker = next(pod for pod in pods if pod["hostname"] == "cassava-worker-0-1")
     assert (worker["subdomain"], worker["namespace"], worker["completion_index"]) == ("cassava", "ml", 1)
     assert {key: worker["labels"][key] for key in (
@@ -521,7 +521,7 @@ def test_pod_env_resolves_field_refs_and_references_as_the_kubelet_does():
             {"name": "JOB_COMPLETION_INDEX", "value": "mine"}]
     jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"][0]["args"] = [
         "--model-dir", "gs://bucket/$(JOBSET_NAME)/$(JOB_COMPLETION_INDEX)"]
-    pod = rehearsal_jobset.jobset_pods(jobset)[2]
+    pod = rehearsal_pods.jobset_pods(jobset)[2]
     # JOB_COMPLETION_INDEX is not yet defined where TASK refers to it, and the Job controller leaves
     # a container's own JOB_COMPLETION_INDEX alone; args see the whole environment.
     assert pod["env"]["TASK"] == "worker-$(JOB_COMPLETION_INDEX)-$(JOBSET_NAME)"
@@ -543,7 +543,7 @@ def test_pod_env_resolves_field_refs_and_references_as_the_kubelet_does():
 ])
 def test_what_jobset_pods_cannot_know_or_kubernetes_would_not_run_is_a_spec_error(change, message):
     with pytest.raises(jobspec.SpecError) as error:
-        rehearsal_jobset.jobset_pods(hand_written_with(change))
+        rehearsal_pods.jobset_pods(hand_written_with(change))
     assert str(error.value).startswith(message)
 
 

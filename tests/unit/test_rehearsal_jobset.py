@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from scripts import jobspec
-from scripts.rehearsal import jobset
+from scripts.rehearsal import runner
+from scripts.rehearsal.jobset import admission, controller, failure_policy, manifest as manifests, pods as jobset_pods
 from scripts.submit_job import build_parser, build_spec
 
 
@@ -29,31 +30,31 @@ def job_spec(manifest: dict, role: str) -> dict:
 def test_exit_codes_the_generated_policy_fails_at_once_and_those_it_counts():
     manifest = generated("--workers", "2")
     worker = job_spec(manifest, "worker")
-    assert jobset.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
-    assert jobset.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
+    assert failure_policy.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
+    assert failure_policy.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
     for signalled in (130, 137, 138, 143):
-        assert jobset.pod_failure_action(worker, signalled, disrupted=False) == "Count"
+        assert failure_policy.pod_failure_action(worker, signalled, disrupted=False) == "Count"
     # An eviction is counted for MWMS (every worker is needed), whatever the code.
-    assert jobset.pod_failure_action(worker, 1, disrupted=True) == "Count"
+    assert failure_policy.pod_failure_action(worker, 1, disrupted=True) == "Count"
 
 
 def test_a_pss_worker_evicted_is_recreated_uncounted():
     manifest = generated("--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator")
-    assert jobset.pod_failure_action(job_spec(manifest, "worker"), 143, disrupted=True) == "Ignore"
-    assert jobset.pod_failure_action(job_spec(manifest, "chief"), 143, disrupted=True) == "Count"
+    assert failure_policy.pod_failure_action(job_spec(manifest, "worker"), 143, disrupted=True) == "Ignore"
+    assert failure_policy.pod_failure_action(job_spec(manifest, "chief"), 143, disrupted=True) == "Count"
 
 
 def test_a_job_failed_by_policy_fails_the_jobset_and_others_restart_it():
     policy = generated("--workers", "1", "--max-restarts", "2")["spec"]["failurePolicy"]
-    assert jobset.jobset_failure_action(policy, "worker", "PodFailurePolicy") == "FailJobSet"
-    assert jobset.jobset_failure_action(policy, "worker", "BackoffLimitExceeded") == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(policy, "worker", "PodFailurePolicy") == "FailJobSet"
+    assert failure_policy.jobset_failure_action(policy, "worker", "BackoffLimitExceeded") == "RestartJobSet"
     targeted = {"rules": [{"action": "RestartJobSetAndIgnoreMaxRestarts", "targetReplicatedJobs": ["ps"]}]}
-    assert jobset.jobset_failure_action(targeted, "ps", "BackoffLimitExceeded") == "RestartJobSetAndIgnoreMaxRestarts"
-    assert jobset.jobset_failure_action(targeted, "worker", "BackoffLimitExceeded") == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(targeted, "ps", "BackoffLimitExceeded") == "RestartJobSetAndIgnoreMaxRestarts"
+    assert failure_policy.jobset_failure_action(targeted, "worker", "BackoffLimitExceeded") == "RestartJobSet"
 
 
 def test_pods_get_their_hostname_subdomain_and_job():
-    pods = jobset.pods_of(generated("--name", "demo", "--workers", "2", "--", "--epochs", "1"))
+    pods = jobset_pods.pods_of(generated("--name", "demo", "--workers", "2", "--", "--epochs", "1"))
     assert [(p.hostname, p.job, p.subdomain) for p in pods] == [
         ("demo-chief-0-0", "demo-chief-0", "demo"), ("demo-worker-0-0", "demo-worker-0", "demo"),
         ("demo-worker-0-1", "demo-worker-0", "demo")]
@@ -67,39 +68,39 @@ def test_claims_are_shared_and_other_volume_kinds_are_refused():
         pod_spec = rjob["template"]["spec"]["template"]["spec"]
         pod_spec["volumes"] = [{"name": "m", "persistentVolumeClaim": {"claimName": "models"}}, {"name": "s", "emptyDir": {}}]
         pod_spec["containers"][0]["volumeMounts"] = [{"name": "m", "mountPath": "/models"}, {"name": "s", "mountPath": "/scratch"}]
-    pods = jobset.pods_of(manifest)
+    pods = jobset_pods.pods_of(manifest)
     assert {tuple(p.mounts) for p in pods} == {(("models", "/models", False), (None, "/scratch", False))}
     manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"][0] = {
         "name": "m", "hostPath": {"path": "/data"}}
     with pytest.raises(jobspec.SpecError, match="hostPath"):
-        jobset.pods_of(manifest)
+        jobset_pods.pods_of(manifest)
 
 
 @pytest.mark.parametrize("text", ["demo-worker-0-0", "demo-worker-0-0@", "Demo@3", "demo@/(/", "demo@soon"])
 def test_a_bad_preempt_is_one_line(text):
     with pytest.raises(jobspec.SpecError, match="--preempt takes POD@SECONDS or POD@/REGEX/"):
-        jobset.parse_eviction(text)
+        controller.parse_eviction(text)
 
 
 def test_preempt_parses_seconds_and_patterns():
-    assert jobset.parse_eviction("demo-worker-0-1@40").seconds == 40
-    assert jobset.parse_eviction("demo-worker-0-1@/epoch 2/").pattern.pattern == "epoch 2"
+    assert controller.parse_eviction("demo-worker-0-1@40").seconds == 40
+    assert controller.parse_eviction("demo-worker-0-1@/epoch 2/").pattern.pattern == "epoch 2"
 
 
 def test_load_reads_the_first_jobset_and_refuses_the_rest(tmp_path):
     manifest = generated("--workers", "1")
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump({"kind": "ConfigMap", "apiVersion": "v1"}) + "---\n" + yaml.safe_dump(manifest))
-    assert jobset.load(str(path))["metadata"] == manifest["metadata"]
+    assert manifests.load(str(path))["metadata"] == manifest["metadata"]
     path.write_text(yaml.safe_dump({"kind": "ConfigMap"}))
     with pytest.raises(jobspec.SpecError, match="no JobSet"):
-        jobset.load(str(path))
+        manifests.load(str(path))
     path.write_text(yaml.safe_dump({**manifest, "apiVersion": "jobset.x-k8s.io/v1alpha1"}))
     with pytest.raises(jobspec.SpecError, match="v1alpha2"):
-        jobset.load(str(path))
+        manifests.load(str(path))
     path.write_text("kind: [")
     with pytest.raises(jobspec.SpecError):
-        jobset.load(str(path))
+        manifests.load(str(path))
 
 
 # --- JobSet's and Kubernetes' rules, against a run that records what the rules ask of it ----------
@@ -148,7 +149,7 @@ def rules_for(manifest):
     import io
 
     output = io.StringIO()
-    rules = jobset.JobSetRules(manifest, Output(output), network="rehearsal-test")
+    rules = controller.JobSetRules(manifest, Output(output), network="rehearsal-test")
     return rules, output
 
 
@@ -167,12 +168,12 @@ def hand_written(restart_policy="Never", **job_spec):
 def test_a_restarted_jobsets_pods_read_the_new_restart_attempt_through_the_downward_api():
     """The Jobs of attempt N carry restart-attempt N (labelAndAnnotateObject): the downward API
     gives the new value, not the first attempt's."""
-    assert {pod.env["ATTEMPT"] for pod in jobset.pods_of(hand_written(), restart_attempt=3)} == {"3"}
+    assert {pod.env["ATTEMPT"] for pod in jobset_pods.pods_of(hand_written(), restart_attempt=3)} == {"3"}
     rules, _ = rules_for(hand_written())
     run = RecordingRun()
     rules.begin(run, 0)
     assert {c.env["ATTEMPT"] for c, _ in run.launched} == {"0"}
-    assert isinstance(run.exit(rules, "demo-main-0-0", 1), jobset.Restart)
+    assert isinstance(run.exit(rules, "demo-main-0-0", 1), runner.Restart)
     run.launched.clear()
     rules.begin(run, 1)
     assert {c.env["ATTEMPT"] for c, _ in run.launched} == {"1"}
@@ -191,10 +192,10 @@ def test_restarts_that_ignore_max_restarts_are_not_counted_towards_it():
     run = RecordingRun()
     for attempt in range(3):  # three uncounted restarts: maxRestarts 1 is never reached
         rules.begin(run, attempt)
-        assert isinstance(run.exit(rules, "demo-main-0-1", 143), jobset.Restart)
+        assert isinstance(run.exit(rules, "demo-main-0-1", 143), runner.Restart)
     assert (rules.restarts, rules.restarts_counted) == (3, 0)
     rules.begin(run, 3)
-    assert isinstance(run.exit(rules, "demo-main-0-1", 3), jobset.Restart)  # counted: 1 of 1
+    assert isinstance(run.exit(rules, "demo-main-0-1", 3), runner.Restart)  # counted: 1 of 1
     rules.begin(run, 4)
     outcome = run.exit(rules, "demo-main-0-1", 3)
     assert outcome.code == 3 and outcome.message.endswith("(maxRestarts 1 reached)"), outcome
@@ -205,15 +206,15 @@ def test_failure_rules_match_the_job_conditions_message_as_kubernetes_writes_it(
     manifest = hand_written()
     job_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
     job_spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [143]}}]}
-    pod = jobset.pods_of(manifest)[1]
-    message = jobset.pod_failure_message(job_spec, 42, False, pod, "default")
+    pod = jobset_pods.pods_of(manifest)[1]
+    message = failure_policy.pod_failure_message(job_spec, 42, False, pod, "default")
     assert message == f"Container c for pod default/{pod.name} failed with exit code 42 matching FailJob rule at index 0"
     policy = {"rules": [{"name": "oom", "action": "FailJobSet", "onJobFailureMessagePatterns": [r"exit code (42|137)\b"]}]}
-    assert jobset.jobset_failure_action(policy, "main", "PodFailurePolicy", message) == "FailJobSet"
-    assert jobset.jobset_failure_action(policy, "main", "PodFailurePolicy", message.replace("42", "1")) == "RestartJobSet"
-    assert jobset.jobset_failure_action(policy, "main", "BackoffLimitExceeded", jobset.BACKOFF_MESSAGE) == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(policy, "main", "PodFailurePolicy", message) == "FailJobSet"
+    assert failure_policy.jobset_failure_action(policy, "main", "PodFailurePolicy", message.replace("42", "1")) == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(policy, "main", "BackoffLimitExceeded", failure_policy.BACKOFF_MESSAGE) == "RestartJobSet"
     broken = {"rules": [{"name": "bad", "action": "FailJobSet", "onJobFailureMessagePatterns": ["("]}]}
-    assert jobset.jobset_failure_action(broken, "main", "PodFailurePolicy", message) == "RestartJobSet"  # never matches
+    assert failure_policy.jobset_failure_action(broken, "main", "PodFailurePolicy", message) == "RestartJobSet"  # never matches
 
 
 @pytest.mark.parametrize("action", ["RestartJob", "RestartJobAndIgnoreMaxRestarts"])
@@ -221,7 +222,7 @@ def test_restart_job_is_refused_as_the_webhook_refuses_it_with_its_feature_gate_
     manifest = hand_written()
     manifest["spec"]["failurePolicy"]["rules"] = [{"name": "one", "action": action}]
     with pytest.raises(jobspec.SpecError, match=f"action {action}: JobSet's webhook refuses it while the RestartJob feature gate is off"):
-        jobset.admitted(manifest)
+        admission.admitted(manifest)
 
 
 @pytest.mark.parametrize("strategy, blocking", [(None, False), ("Recreate", False), ("BlockingRecreate", True)])
@@ -232,7 +233,7 @@ def test_recreate_starts_new_pods_beside_the_old_ones_and_blocking_recreate_wait
     rules, _ = rules_for(manifest)
     run = RecordingRun()
     rules.begin(run, 0)
-    assert run.exit(rules, "demo-main-0-0", 1) == jobset.Restart(blocking=blocking)
+    assert run.exit(rules, "demo-main-0-0", 1) == runner.Restart(blocking=blocking)
 
 
 def test_no_restart_policy_is_onfailure_which_kubernetes_refuses_beside_a_pod_failure_policy():
@@ -240,8 +241,8 @@ def test_no_restart_policy_is_onfailure_which_kubernetes_refuses_beside_a_pod_fa
         {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}]})
     with pytest.raises(jobspec.SpecError, match="podFailurePolicy needs the pod template's restartPolicy Never; it is "
                                                 r"OnFailure \(defaulted to OnFailure by JobSet's webhook"):
-        jobset.admitted(manifest)
-    assert jobset.admitted(hand_written(restart_policy=None))["spec"]["replicatedJobs"][0]["template"]["spec"][
+        admission.admitted(manifest)
+    assert admission.admitted(hand_written(restart_policy=None))["spec"]["replicatedJobs"][0]["template"]["spec"][
         "template"]["spec"]["restartPolicy"] == "OnFailure"
 
 
@@ -257,10 +258,10 @@ def test_under_onfailure_the_kubelet_restarts_the_container_in_place_after_its_b
     assert rules.tick(run, time.monotonic()) is None and len(run.launched) == 2  # not before its back-off
     assert rules.tick(run, time.monotonic() + 11) is None
     assert run.launched[-1] == (first, False)  # the same container, started again: the same pod and name
-    assert jobset.crash_loop_delay(2) == 20 and jobset.crash_loop_delay(20) == 300
+    assert failure_policy.crash_loop_delay(2) == 20 and failure_policy.crash_loop_delay(20) == 300
     assert run.exit(rules, "demo-main-0-1", 1) is None
     rules.tick(run, time.monotonic() + 100)
-    assert isinstance(run.exit(rules, "demo-main-0-1", 1), jobset.Restart)  # 3 restarts reach backoffLimit 3
+    assert isinstance(run.exit(rules, "demo-main-0-1", 1), runner.Restart)  # 3 restarts reach backoffLimit 3
 
 
 def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
@@ -272,7 +273,7 @@ def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
     rules.begin(run, 0)
     assert rules.tick(run, time.monotonic() + 5) is None
     outcome = rules.tick(run, time.monotonic() + 16)
-    assert outcome.code == jobset.DEADLINE_EXIT and "(DeadlineExceeded)" in outcome.message, outcome
+    assert outcome.code == controller.DEADLINE_EXIT and "(DeadlineExceeded)" in outcome.message, outcome
     assert "FailJobSet, rule timeLimit" in outcome.message
     assert {c.key for c in run.stopped} == {"demo-main-0-0", "demo-main-0-1"} and not run.running()
 
@@ -297,7 +298,7 @@ def test_each_new_pod_gets_a_name_with_five_random_characters():
     first = run.last["demo-main-0-0"]
     assert re.fullmatch(r"demo-main-0-0-[bcdfghjklmnpqrstvwxz2456789]{5}", first.env["POD"])
     assert first.name == f"rehearsal-test-{first.env['POD']}"
-    evicted = jobset.Fault("demo-main-0-0", jobset.EVICTION)
+    evicted = runner.Fault("demo-main-0-0", controller.EVICTION)
     assert run.exit(rules, "demo-main-0-0", 143, evicted) is None  # Ignore: the Job replaces the pod
     second = run.last["demo-main-0-0"]
     assert second.env["POD"] != first.env["POD"] and second.hostname == first.hostname
@@ -322,7 +323,7 @@ def test_jobset_pods_get_the_same_cloud_storage_as_vertex_replicas():
     pod_spec["volumes"] = [{"name": "data", "csi": {"driver": "gcsfuse.csi.storage.gke.io",
                                                     "volumeAttributes": {"bucketName": "my-data"}}}]
     pod_spec["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data", "readOnly": True}]
-    rules = jobset.JobSetRules(manifest, Output(), network="rehearsal-test", bucket_directory=lambda b: f"/files/{b}")
+    rules = controller.JobSetRules(manifest, Output(), network="rehearsal-test", bucket_directory=lambda b: f"/files/{b}")
     run = Run(session, "rehearsal-test", hosts=rules.hosts())
     run.open()
     arguments = run.create_arguments(rules.container(run, rules.pods[0]))
@@ -351,7 +352,7 @@ def test_pods_that_end_in_the_same_poll_meet_the_success_policy_together():
     run = RecordingRun()
     rules.begin(run, 0)
     outcome = run.poll(rules, {key: 0 for key in list(run.alive)})
-    assert isinstance(outcome, jobset.Outcome) and outcome.code == 0, outcome
+    assert isinstance(outcome, runner.Outcome) and outcome.code == 0, outcome
 
 
 def test_pods_still_running_after_a_poll_keep_the_jobset_waiting():
@@ -401,13 +402,13 @@ def test_what_the_webhook_or_kubernetes_refuses_is_refused_before_anything_runs(
     manifest = ordered()
     change(manifest)
     with pytest.raises(jobspec.SpecError) as error:
-        jobset.admitted(manifest)
+        admission.admitted(manifest)
     assert str(error.value).startswith(message), error.value
 
 
 def test_the_start_names_every_field_of_the_jobset_the_rehearsal_does_not_apply():
     manifest = generated("--workers", "1", "--spot", "--queue", "team-a")
-    line = jobset.not_emulated(manifest)
+    line = manifests.not_emulated(manifest)
     for field in ("metadata.labels.kueue.x-k8s.io/queue-name=team-a",
                   "spec.replicatedJobs[0,1].template.spec.template.spec.nodeSelector.cloud.google.com/gke-spot=true",
                   "spec.replicatedJobs[0,1].template.spec.template.spec.tolerations[0].effect=NoSchedule"):
