@@ -415,3 +415,69 @@ def test_the_start_names_every_field_of_the_jobset_the_rehearsal_does_not_apply(
         assert field in line, (field, line)
     for emulated in ("image", "env", "podFailurePolicy", "failurePolicy", "restartPolicy", "completions"):
         assert emulated not in line, (emulated, line)
+
+
+def one_job(**job_spec) -> dict:
+    """A JobSet of one replicatedJob `main` whose Job spec sets only `job_spec`."""
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "demo"},
+            "spec": {"replicatedJobs": [{"name": "main", "template": {"spec": {
+                **job_spec, "template": {"spec": {"containers": [{"name": "c", "image": "img:1"}]}}}}}]}}
+
+
+@pytest.mark.parametrize("job_spec, completions, parallelism", [
+    ({}, 1, 1),  # neither set: a non-parallel Job (SetDefaults_Job)
+    ({"completions": 3, "parallelism": 3}, 3, 3),
+    ({"completions": 1}, 1, 1),  # parallelism alone defaults to 1
+    ({"completions": 2, "parallelism": 5}, 2, 5),
+])
+def test_kubernetes_defaults_completions_and_parallelism_of_a_job_that_sets_neither(job_spec, completions, parallelism):
+    admitted = admission.admitted(one_job(**job_spec))["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert (admitted["completions"], admitted["parallelism"]) == (completions, parallelism)
+    assert [pod.hostname for pod in jobset_pods.pods_of(one_job(**job_spec))] == [f"demo-main-0-{i}" for i in range(completions)]
+
+
+@pytest.mark.parametrize("job_spec, refusal", [
+    ({"parallelism": 2}, "spec.completions: Required value: when completion mode is Indexed"),
+    ({"completions": 2}, "parallelism 1 starts only that many of its 2 pods"),  # parallelism defaulted to 1
+])
+def test_a_job_kubernetes_leaves_without_completions_or_short_of_parallelism_is_refused(job_spec, refusal):
+    with pytest.raises(runner.RehearsalError, match=re.escape(refusal)):
+        jobset_pods.pods_of(one_job(**job_spec))
+
+
+@pytest.mark.parametrize("policy, complete, met", [
+    ({}, ["a", "b"], False),  # All, no targets: every Job of every replicatedJob (a has 2)
+    ({}, ["a", "a", "b"], True),
+    ({"operator": "Any"}, ["b"], True),
+    ({"operator": "Any", "targetReplicatedJobs": ["a"]}, ["b"], False),
+    ({"operator": "All", "targetReplicatedJobs": ["b"]}, ["b"], True),
+    ({"operator": "All", "targetReplicatedJobs": ["a"]}, ["a", "b"], False),
+])
+def test_the_success_policy_counts_the_complete_jobs_of_its_targets(policy, complete, met):
+    from scripts.rehearsal.jobset import success_policy
+
+    assert success_policy.met(policy, {"a": 2, "b": 1}, complete) is met
+
+
+@pytest.mark.parametrize("status, counts, reached", [
+    ("Complete", dict(ready=0, succeeded=2, failed=0), True),
+    ("Complete", dict(ready=1, succeeded=1, failed=0), False),
+    ("Ready", dict(ready=1, succeeded=1, failed=0), True),
+    ("Ready", dict(ready=0, succeeded=0, failed=2), True),  # a failed Job is the failurePolicy's to judge
+    ("Ready", dict(ready=1, succeeded=0, failed=0), False),
+])
+def test_a_dependency_is_reached_as_jobsets_depends_on_counts_its_jobs(status, counts, reached):
+    from scripts.rehearsal.jobset import depends_on
+
+    assert depends_on.reached(status, 2, **counts) is reached
+
+
+def test_in_order_startup_waits_for_the_replicated_job_before_as_depends_on_ready():
+    from scripts.rehearsal.jobset import depends_on
+
+    spec = {"startupPolicy": {"startupPolicyOrder": "InOrder"}, "replicatedJobs": [
+        {"name": "driver"}, {"name": "workers", "dependsOn": [{"name": "driver", "status": "Complete"}]}, {"name": "ps"}]}
+    assert depends_on.requirements(spec) == {"driver": [], "workers": [("driver", "Complete"), ("driver", "Ready")],
+                                             "ps": [("workers", "Ready")]}
+    spec["startupPolicy"] = {"startupPolicyOrder": "AnyOrder"}
+    assert depends_on.requirements(spec)["ps"] == []

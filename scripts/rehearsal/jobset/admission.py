@@ -15,7 +15,7 @@ JOB_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexe
 
 def admitted(manifest: dict) -> dict:
     """The manifest as the API server would store it: the JobSet webhook's defaults (Default in
-    jobset_webhook.go), then what the webhook (ValidateCreate, validateFailurePolicy) and
+    jobset_webhook.go) and Kubernetes' defaults of each Job (`job_defaults`), then what the webhook (ValidateCreate, validateFailurePolicy) and
     Kubernetes' Job validation refuse, refused here with one line each. A new dict."""
     manifest = json.loads(json.dumps(manifest))
     spec = manifest.setdefault("spec", {})
@@ -31,6 +31,7 @@ def admitted(manifest: dict) -> dict:
         rjob.setdefault("replicas", 1)
         job_spec = rjob["template"].setdefault("spec", {})
         job_spec.setdefault("completionMode", "Indexed")
+        job_defaults(job_spec)
         # "Default pod restart policy to OnFailure" (Default): a template that names none gets it.
         job_spec["template"]["spec"].setdefault("restartPolicy", "OnFailure")
     policy = spec.get("failurePolicy")
@@ -39,6 +40,17 @@ def admitted(manifest: dict) -> dict:
             rule.setdefault("name", f"failurePolicyRule{index}")
     _validate(manifest)
     return manifest
+
+
+def job_defaults(job_spec: dict) -> None:
+    """Kubernetes' defaults of a Job's spec, in place (SetDefaults_Job in kubernetes/kubernetes
+    pkg/apis/batch/v1/defaults.go): a Job that sets neither completions nor parallelism gets 1 of
+    each (a non-parallel Job, as JobSet's depends-on examples and e2e tests write them); one that
+    sets only completions gets parallelism 1. One that sets only parallelism keeps no completions,
+    which Indexed Jobs refuse (`_validate`)."""
+    if "completions" not in job_spec and "parallelism" not in job_spec:
+        job_spec["completions"] = 1
+    job_spec.setdefault("parallelism", 1)
 
 
 def _validate(manifest: dict) -> None:
@@ -57,6 +69,10 @@ def _validate(manifest: dict) -> None:
             if dependency.get("status") not in ("Ready", "Complete"):
                 raise RehearsalError(f"{where}: dependsOn status {dependency.get('status')!r} is not Ready or Complete")
         job_spec = rjob["template"]["spec"]
+        if job_spec["completionMode"] == "Indexed" and "completions" not in job_spec:
+            # ValidateJobSpec (pkg/apis/batch/validation/validation.go): "when completion mode is Indexed".
+            raise RehearsalError(f"{where}: spec.completions: Required value: when completion mode is Indexed "
+                                 "(parallelism is set, so Kubernetes defaults no completions, and refuses the Job)")
         restart_policy = job_spec["template"]["spec"]["restartPolicy"]
         if restart_policy not in ("Never", "OnFailure"):
             raise RehearsalError(f"{where}: restartPolicy {restart_policy}: a Job's pods take Never or OnFailure "

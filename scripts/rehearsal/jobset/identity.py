@@ -47,9 +47,7 @@ def pod_identities(manifest: dict, restart_attempt: int = 0) -> list[dict]:
         mode = job_spec.get("completionMode", "Indexed")
         if mode != "Indexed":
             raise RehearsalError(f"replicatedJob {rjob_name}: completionMode {mode}: its pods have no index and no stable hostname")
-        if "completions" not in job_spec:
-            raise RehearsalError(f"replicatedJob {rjob_name}: an Indexed Job needs completions")
-        completions, parallelism = int(job_spec["completions"]), int(job_spec.get("parallelism", 1))
+        completions, parallelism = int(job_spec["completions"]), int(job_spec["parallelism"])  # admitted: defaulted
         if parallelism < completions:
             raise RehearsalError(f"replicatedJob {rjob_name}: parallelism {parallelism} starts only that many of its "
                                  f"{completions} pods at a time; a TensorFlow cluster needs all of them running")
