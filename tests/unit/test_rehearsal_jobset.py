@@ -481,3 +481,39 @@ def test_in_order_startup_waits_for_the_replicated_job_before_as_depends_on_read
                                              "ps": [("workers", "Ready")]}
     spec["startupPolicy"] = {"startupPolicyOrder": "AnyOrder"}
     assert depends_on.requirements(spec)["ps"] == []
+
+
+@pytest.mark.parametrize("text, expanded", [
+    ("$(A)", "a"),
+    ("x-$(A)-$(B)-y", "x-a-b-y"),
+    ("$$(A)", "$(A)"),  # $$ escapes
+    ("$$$(A)", "$a"),
+    ("$$$$(A)", "$$(A)"),
+    ("$(UNSET)", "$(UNSET)"),  # left as written
+    ("$(A$(B))", "$(A$(B))"),  # the name runs to the first ')': "A$(B" is no variable
+    ("$(a b)", "$(a b)"),
+    ("tail $(A", "tail $(A"),  # never closed
+    ("$($($(A)", "$($($(A)"),  # the first '$(' reads up to the ')': the name "$($(A" is no variable
+    ("$( $(A)", "$( $(A)"),
+    ("$A ${A} $? 100$", "$A ${A} $? 100$"),  # shell syntax and a trailing '$' pass through
+    ("$(EMPTY)end", "end"),
+])
+def test_dependent_variables_expand_as_kubernetes_expansion_reads_them(text, expanded):
+    from scripts.rehearsal.jobset.environment import expand
+
+    assert expand(text, {"A": "a", "B": "b", "EMPTY": ""}) == expanded
+
+
+def test_the_completion_index_annotation_and_jobset_labels_reach_env_and_args_through_the_downward_api():
+    manifest = one_job(completions=2, parallelism=2)
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "EARLY", "value": "$(INDEX)"},  # INDEX is defined after it: left as written
+        {"name": "INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "RJOB", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']"}}},
+        {"name": "TASK", "value": "$(RJOB)-$(INDEX) costs $$5"}]
+    container["args"] = ["--task=$(TASK)", "--index=$(JOB_COMPLETION_INDEX)"]
+    second = jobset_pods.pods_of(manifest)[1]
+    assert (second.env["EARLY"], second.env["INDEX"], second.env["TASK"]) == ("$(INDEX)", "1", "main-1 costs $5")
+    assert second.args == ["--task=main-1 costs $5", "--index=1"]

@@ -9,6 +9,7 @@ import re
 from scripts.rehearsal.runner import RehearsalError
 from trainer import cluster as trainer_cluster
 
+
 def resolve_pod(identity: dict, manifest: dict, name: str) -> dict:
     """The pod `identity` named `name`, with its containers as the kubelet starts them."""
     pod = {"name": name, **identity}
@@ -24,13 +25,34 @@ def pod_spec_of(manifest: dict, replicated_job: str) -> dict:
 
 
 _FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']*)'\]")
-_ENV_REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
-def _expand(text: str, variables: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: a defined variable's value, `$$` a literal `$`, anything else as is."""
-    return _ENV_REFERENCE.sub(lambda match: "$" if match.group(0) == "$$" else variables.get(match.group(1), match.group(0)),
-                              text)
+def expand(text: str, variables: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion of an env value, a command or an args entry, as
+    third_party/forked/golang/expansion/expand.go (kubernetes/kubernetes) reads it: `$$` is one `$`;
+    `$(` up to the first `)` names a variable, replaced by its value when `variables` defines it
+    and left as written when not (a name with `$(` or `$$` in it included); a `$(` never closed,
+    a `$` before any other character, and a `$` at the end stay as they are."""
+    out, cursor = [], 0
+    while cursor < len(text):
+        if text[cursor] != "$" or cursor + 1 == len(text):
+            out.append(text[cursor])
+            cursor += 1
+            continue
+        following = text[cursor + 1]
+        if following == "(":
+            closer = text.find(")", cursor + 2)
+            if closer < 0:
+                out.append("$(")
+                cursor += 2
+                continue
+            name = text[cursor + 2:closer]
+            out.append(variables.get(name, f"$({name})"))
+            cursor = closer + 1
+        else:
+            out.append("$" if following == "$" else "$" + following)
+            cursor += 2
+    return "".join(out)
 
 
 def _pod_container(container: dict, pod: dict, pod_spec: dict) -> dict:
@@ -44,13 +66,13 @@ def _pod_container(container: dict, pod: dict, pod_spec: dict) -> dict:
         if "valueFrom" in entry:
             defined[entry["name"]] = _field_value(entry["valueFrom"], pod, pod_spec, f"{where} env {entry['name']}")
         else:
-            defined[entry["name"]] = _expand(entry.get("value", ""), defined)
+            defined[entry["name"]] = expand(entry.get("value", ""), defined)
     # The Job controller adds JOB_COMPLETION_INDEX to every container that does not define it.
     defined.setdefault(trainer_cluster.JOB_COMPLETION_INDEX, str(pod["completion_index"]))
     command, args = container.get("command"), container.get("args")
     return {"name": container["name"], "image": container.get("image"),
-            "command": None if command is None else [_expand(part, defined) for part in command],
-            "args": None if args is None else [_expand(part, defined) for part in args],
+            "command": None if command is None else [expand(part, defined) for part in command],
+            "args": None if args is None else [expand(part, defined) for part in args],
             "ports": container.get("ports", []), "env": {"HOSTNAME": pod["hostname"], **defined}}
 
 
