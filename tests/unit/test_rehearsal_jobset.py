@@ -121,6 +121,12 @@ class RecordingRun:
     def started(self, key):
         return key in self.alive
 
+    def current(self, key):
+        return self.alive.get(key)
+
+    def send(self, container, signal_name):
+        self.stopped.append((container, signal_name))
+
     def stop(self, containers=None, wait=True):
         for container in list(self.alive.values()) if containers is None else containers:
             self.alive.pop(container.key, None)
@@ -517,3 +523,129 @@ def test_the_completion_index_annotation_and_jobset_labels_reach_env_and_args_th
     second = jobset_pods.pods_of(manifest)[1]
     assert (second.env["EARLY"], second.env["INDEX"], second.env["TASK"]) == ("$(INDEX)", "1", "main-1 costs $5")
     assert second.args == ["--task=main-1 costs $5", "--index=1"]
+
+
+# --- Readiness and startup probes, as the kubelet runs them ------------------------------------------
+
+def probe_of(kind="readinessProbe", **spec):
+    from scripts.rehearsal.jobset import probes
+
+    container = {"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}
+    return probes.parse(kind, spec or {"exec": {"command": ["true"]}}, container, "pod p container c")
+
+
+def test_a_probe_gets_kubernetes_defaults_and_a_named_port_its_number():
+    probe = probe_of(httpGet={"port": "http", "path": "healthz"})
+    assert (probe.handler, probe.port, probe.path, probe.scheme) == ("httpGet", 8080, "/healthz", "HTTP")
+    assert (probe.initial_delay, probe.timeout, probe.period, probe.success_threshold, probe.failure_threshold) == (
+        0, 1, 10, 1, 3)
+
+
+@pytest.mark.parametrize("kind, spec, refusal", [
+    ("readinessProbe", {"exec": {"command": ["true"]}, "tcpSocket": {"port": 1}}, "must have exactly one of"),
+    ("readinessProbe", {"initialDelaySeconds": 5}, "must have exactly one of"),
+    ("readinessProbe", {"grpc": {"port": 9000}}, "grpc probes are not emulated"),
+    ("startupProbe", {"exec": {"command": ["true"]}, "successThreshold": 2}, "successThreshold must be 1"),
+    ("readinessProbe", {"tcpSocket": {"port": "metrics"}}, "'metrics' names no port"),
+    ("readinessProbe", {"exec": {"command": ["true"]}, "periodSeconds": 0}, "periodSeconds 0 must be an integer of at least 1"),
+])
+def test_a_probe_kubernetes_would_refuse_is_refused_in_one_line(kind, spec, refusal):
+    with pytest.raises(runner.RehearsalError, match=re.escape(refusal)):
+        probe_of(kind, **spec)
+
+
+@pytest.mark.parametrize("offsets, probed", [
+    # initialDelaySeconds 30, periodSeconds 10: the ticker fires at 0, 10, 20, 30, ... after the
+    # start; a tick probes once the container has run 30 whole seconds.
+    ([0, 10, 20, 29.9], [False, False, False, False]),
+    ([0, 30.2], [False, True]),
+    ([30.2, 31, 39.9, 40.3], [True, False, False, True]),  # between ticks, nothing
+])
+def test_a_readiness_probe_runs_on_its_ticks_after_its_initial_delay(offsets, probed):
+    from scripts.rehearsal.jobset import probes
+
+    worker = probes.ProbeWorker(probe_of(exec={"command": ["true"]}, initialDelaySeconds=30), started_at=1000.0)
+    assert [worker.due(1000.0 + offset, container_started=True) for offset in offsets] == probed
+
+
+@pytest.mark.parametrize("results, states", [
+    ([True], [True]),  # successThreshold 1
+    ([False, False, False], [False, False, False]),  # readiness starts failed
+    ([True, False, False, True, False, False, False], [True, True, True, True, True, True, False]),  # failureThreshold 3 in a row
+])
+def test_a_probes_state_changes_only_after_its_threshold_in_a_row(results, states):
+    from scripts.rehearsal.jobset import probes
+
+    worker = probes.ProbeWorker(probe_of(), started_at=0.0)
+    seen = []
+    for result in results:
+        worker.record(result)
+        seen.append(worker.state)
+    assert seen == states
+
+
+def test_readiness_waits_for_the_startup_probe_then_runs_at_once():
+    from scripts.rehearsal.jobset import probes
+
+    startup = probe_of("startupProbe", exec={"command": ["true"]}, initialDelaySeconds=5)
+    readiness = probe_of(exec={"command": ["true"]}, periodSeconds=10)
+    container = probes.ContainerProbes.start((startup, readiness), started_at=0.0)
+    assert container.due(0.0) == [] and not container.started and not container.ready  # both wait: startup its delay
+    assert container.due(10.0) == [startup]  # the readiness worker's tick at 10 is skipped: not started
+    container.workers["startupProbe"].record(True)
+    assert container.started and not container.ready
+    assert container.due(10.5) == [readiness]  # between its ticks: the status update that sees the start runs it
+    container.workers["readinessProbe"].record(True)
+    assert container.ready and container.due(20.0) == [readiness]  # the startup worker has nothing more to do
+
+
+def test_a_failed_startup_probe_holds_until_a_new_container():
+    from scripts.rehearsal.jobset import probes
+
+    worker = probes.ProbeWorker(probe_of("startupProbe", exec={"command": ["false"]}, failureThreshold=2), started_at=0.0)
+    assert worker.due(0.0, False) and not worker.record(False)
+    assert worker.due(10.0, False) and worker.record(False) and worker.state is False
+    assert not worker.due(20.0, False)
+
+
+def probed_jobset(order="dependsOn"):
+    """startup-driver-ready's shape: a driver whose readinessProbe waits 30 s, then its workers."""
+    driver = {"name": "driver", "template": {"spec": {"template": {"spec": {"containers": [
+        {"name": "sleep", "image": "img:1", "command": ["sleep", "1000s"],
+         "readinessProbe": {"exec": {"command": ["echo", "ready"]}, "initialDelaySeconds": 30}}]}}}}}
+    workers = {"name": "workers", "template": {"spec": {"completions": 2, "parallelism": 2, "template": {"spec": {
+        "containers": [{"name": "sleep", "image": "img:1", "command": ["sleep", "100s"]}]}}}}}
+    spec = {"replicatedJobs": [driver, workers]}
+    if order == "dependsOn":
+        workers["dependsOn"] = [{"name": "driver", "status": "Ready"}]
+    else:
+        spec["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "demo"}, "spec": spec}
+
+
+@pytest.mark.parametrize("order", ["dependsOn", "InOrder"])
+def test_a_replicated_job_waits_until_its_dependencys_readiness_probe_succeeds(order):
+    rules, output = rules_for(probed_jobset(order))
+    probed = []
+    rules.spawn = lambda task: task()  # each probe at once, in this thread
+    rules.run_probe = lambda run, name, probe: probed.append(probe.command) or True
+    run = RecordingRun()
+    started = time.monotonic()
+    rules.begin(run, 0)
+    for offset in (0, 10, 20, 29.5):
+        rules.tick(run, started + offset)
+    assert [c.key for c, _ in run.launched] == ["demo-driver-0-0"] and probed == []  # running is not Ready
+    rules.tick(run, started + 30.5)  # the probe runs; its result is read on the next poll
+    rules.tick(run, started + 30.7)
+    assert probed == [("echo", "ready")]
+    assert [c.key for c, _ in run.launched] == ["demo-driver-0-0", "demo-workers-0-0", "demo-workers-0-1"]
+    assert "demo-driver-0-0: Ready (readinessProbe succeeded)" in output.getvalue()
+
+
+def test_the_first_line_no_longer_names_readiness_or_startup_probes():
+    manifest = probed_jobset()
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["startupProbe"] = {"tcpSocket": {"port": 80}}
+    container["livenessProbe"] = {"exec": {"command": ["true"]}}
+    line = manifests.not_emulated(manifest)
+    assert "readinessProbe" not in line and "startupProbe" not in line and "livenessProbe" in line

@@ -5,7 +5,7 @@ Kubernetes' Job controller (pkg/controller/job: job_controller.go, pod_failure_p
 rule below names the function it follows.
 
 Before anything runs, `admitted` applies what the API server would: the JobSet webhook's defaults
-(Default) and what the webhook and Kubernetes' Job validation refuse, refused here with one line.
+(Default), Kubernetes' Job defaults (SetDefaults_Job) and what the webhook and Kubernetes' Job validation refuse, refused here with one line.
 
 Each pod (`jobset_pods`) gets what the cluster gives it: the hostname `{job}-{index}` of its
 Indexed Job `{jobset}-{replicatedJob}-{jobIndex}`, a name with 5 random characters after it, the
@@ -31,7 +31,9 @@ The rules over the pods' exits:
   RestartJobSetAndIgnoreMaxRestarts recreates them uncounted. Recreate starts the new pods while
   the old ones take their grace; BlockingRecreate waits until every old pod is gone;
 - a replicatedJob with dependsOn starts once each dependency is Ready (every Job ready: each pod
-  running or done) or Complete (depends_on.go); startupPolicy InOrder waits on the one before;
+  Ready or done) or Complete (depends_on.go); startupPolicy InOrder waits on the one before Ready;
+  a pod is Ready when its container has started and its readiness probe succeeded, the kubelet's
+  readiness and startup probes run as pkg/kubelet/prober runs them (probes.py, prober.py);
 - the JobSet succeeds by its successPolicy (success_policy.go), and the pods still running stop.
 
 Stopping a pod is SIGTERM, then SIGKILL after its terminationGracePeriodSeconds (default 30).
@@ -46,6 +48,8 @@ Stopping a pod is SIGTERM, then SIGKILL after its terminationGracePeriodSeconds 
 | failure_policy.py | podFailurePolicy, backoffLimit, the crash-loop back-off, the failurePolicy    |
 | success_policy.py | the successPolicy                                                            |
 | depends_on.py     | dependsOn and startupPolicy InOrder                                          |
+| probes.py         | readiness and startup probes: their defaults, and each worker's state         |
+| prober.py         | running one probe: exec in the container, httpGet and tcpSocket to the pod    |
 | controller.py     | one JobSet's lifecycle over the runner, applying the rules above             |
 """
 

@@ -6,9 +6,11 @@ kubernetes-sigs/jobset v0.12.0), it owns the lifecycle; the rules live in those 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from typing import Callable
 
-from scripts.rehearsal.jobset import depends_on, success_policy
+from scripts.rehearsal.jobset import depends_on, prober, success_policy
 from scripts.rehearsal.jobset.admission import admitted
 from scripts.rehearsal.jobset.failure_policy import (BACKOFF_MESSAGE, DEADLINE_MESSAGE, DEFAULT_BACKOFF_LIMIT,
                                                      crash_loop_delay, jobset_failure_rule, pod_failure_action,
@@ -16,6 +18,7 @@ from scripts.rehearsal.jobset.failure_policy import (BACKOFF_MESSAGE, DEADLINE_M
 from scripts.rehearsal.jobset.identity import pod_identities, random_suffix
 from scripts.rehearsal.jobset.manifest import not_emulated
 from scripts.rehearsal.jobset.pods import Pod, pod_of, pods_of
+from scripts.rehearsal.jobset.probes import READINESS, STARTUP, ContainerProbes, Probe
 from scripts.rehearsal.runner import (PREFIX, Container, Fault, Outcome, Output, RehearsalError, Restart, Run, Session,
                                       drive, parse_fault)
 
@@ -64,6 +67,8 @@ class JobSetRules:
         self.restarts = 0  # js.Status.Restarts: every restart; the new pods' restart-attempt
         self.restarts_counted = 0  # js.Status.RestartsCountTowardsMax
         self.pods = pods_of(self.manifest)  # every pod resolves now: a bad manifest stops before anything runs
+        self.lock = threading.Lock()  # the probes' results, written from their threads
+        self.spawn: Callable[[Callable[[], None]], None] = lambda task: threading.Thread(target=task, daemon=True).start()
         self.hostnames = [pod.hostname for pod in self.pods]
 
     def hosts(self) -> tuple[str, ...]:
@@ -93,6 +98,16 @@ class JobSetRules:
         pod = pod_of(self.manifest, identity, f"{hostname}-{random_suffix(hostname)}")
         self.current[hostname] = pod
         run.launch(self.container(run, pod))
+        self.watch(hostname)
+
+    def watch(self, hostname: str) -> None:
+        """The kubelet starts probing a new container of `hostname` (a new pod, or a restart in
+        place): every probe worker from its initial state."""
+        self.generation[hostname] = self.generation.get(hostname, 0) + 1
+        self.kill_at.pop(hostname, None)
+        probes = self.current[hostname].probes
+        self.probing[hostname] = ContainerProbes.start(probes, time.monotonic())
+        self.was_ready.discard(hostname)
 
     # the attempt
 
@@ -102,6 +117,11 @@ class JobSetRules:
         self.jobs: dict[str, Job] = {}
         self.pending: list[tuple[float, str]] = []  # (when, hostname): restarts in place after their back-off
         self.launched: list[str] = []  # replicatedJobs whose Jobs exist
+        self.probing: dict[str, ContainerProbes] = {}  # hostname -> its container's probe workers
+        self.generation: dict[str, int] = {}  # hostname -> its container's number: a result for an older one is dropped
+        self.probe_results: list[tuple[str, int, str, bool | None]] = []  # (hostname, generation, kind, success)
+        self.kill_at: dict[str, float] = {}  # hostname -> SIGKILL after a failed startup probe's SIGTERM
+        self.was_ready: set[str] = set()
         self.create_ready_jobs(run)
 
     def create_ready_jobs(self, run: Run) -> None:
@@ -135,9 +155,86 @@ class JobSetRules:
                                   failed=sum(1 for job in jobs if job.finished == "Failed"))
 
     def job_ready(self, run: Run, job: Job) -> bool:
-        """A Job's succeeded and Ready pods reach its pods' number (no readiness probe is emulated:
-        a running container is Ready)."""
-        return sum(1 for h in job.hostnames if h in job.succeeded or run.started(h)) >= len(job.hostnames)
+        """A Job's succeeded and Ready pods reach its pods' number (JobSet's count of a Job's
+        readiness, updateReplicatedJobsStatuses: its succeeded plus Ready pods reach the smaller of
+        parallelism and completions, equal here)."""
+        return sum(1 for h in job.hostnames if h in job.succeeded or self.pod_ready(run, h)) >= len(job.hostnames)
+
+    def pod_ready(self, run: Run, hostname: str) -> bool:
+        """The pod's Ready condition: its container runs, has started and its readiness probe
+        succeeded (probes.py); without probes, once its command runs."""
+        if run.current(hostname) is None:
+            return False
+        probing = self.probing.get(hostname)
+        if probing is not None and probing.workers:
+            return probing.ready
+        return run.started(hostname)
+
+    # the kubelet's probes
+
+    def probe(self, run: Run, now: float) -> None:
+        """Applies the probe results that came in, then starts the probes that are due, each in
+        the background (an exec probe takes as long as its command)."""
+        with self.lock:
+            results, self.probe_results = self.probe_results, []
+        for hostname, generation, kind, success in results:
+            probing = self.probing.get(hostname)
+            if probing is None or generation != self.generation.get(hostname):
+                continue  # a container that has gone since
+            worker = probing.workers[kind]
+            worker.in_flight = False
+            if success is None:
+                continue  # not running when probed: doProbe probes nothing
+            if worker.record(success):
+                self.probe_changed(run, hostname, probing, kind, now)
+        for hostname, at in list(self.kill_at.items()):
+            if run.current(hostname) is not None and now > at:
+                run.send(run.current(hostname), "KILL")
+                del self.kill_at[hostname]
+        for hostname, probing in self.probing.items():
+            container = run.current(hostname)
+            if container is None or hostname in self.kill_at:
+                continue
+            for probe in probing.due(now):
+                probing.workers[probe.kind].in_flight = True
+                self.spawn(self.probe_task(run, hostname, self.generation[hostname], container.name, probe))
+
+    def probe_task(self, run: Run, hostname: str, generation: int, name: str, probe: Probe):
+        def task():
+            success = self.run_probe(run, name, probe)
+            with self.lock:
+                self.probe_results.append((hostname, generation, probe.kind, success))
+        return task
+
+    def run_probe(self, run: Run, name: str, probe: Probe) -> bool | None:
+        """One probe of the container the engine calls `name`; None when it is not running."""
+        if run.engine.state(name, "Running") != "true":
+            return None
+        if probe.handler == "exec" or probe.host:
+            return prober.succeeds(probe, run.engine, name, "")
+        address = run.engine.address(name, self.network)
+        return address is not None and prober.succeeds(probe, run.engine, name, address)
+
+    def probe_changed(self, run: Run, hostname: str, probing: ContainerProbes, kind: str, now: float) -> None:
+        worker = probing.workers[kind]
+        if kind == STARTUP and worker.state is False:
+            container = run.current(hostname)
+            grace = container.grace if container else 0
+            self.output.note(f"{hostname}: startupProbe failed {worker.probe.failure_threshold} times: the kubelet kills "
+                             f"its container (SIGTERM, SIGKILL in {grace:g}s)", "WARNING")
+            if container is not None:
+                run.send(container, "TERM")
+                self.kill_at[hostname] = now + grace
+            return
+        if kind == STARTUP:
+            self.output.note(f"{hostname}: startupProbe succeeded: the container has started")
+        if probing.ready and hostname not in self.was_ready:
+            self.was_ready.add(hostname)
+            self.output.note(f"{hostname}: Ready ({'readinessProbe succeeded' if READINESS in probing.workers else 'started'})")
+        elif not probing.ready and hostname in self.was_ready:
+            self.was_ready.discard(hostname)
+            self.output.note(f"{hostname}: not Ready (readinessProbe failed {worker.probe.failure_threshold} times)",
+                             "WARNING")
 
     def disrupt(self, run: Run, container: Container, fault: Fault) -> float:
         self.output.note(f"evicting {container.key} (node preempted): SIGTERM now, SIGKILL in {container.grace:g}s",
@@ -218,11 +315,13 @@ class JobSetRules:
         for when, hostname in [p for p in self.pending if p[0] <= now]:
             self.pending.remove((when, hostname))
             run.launch(run.last[hostname], fresh=False)  # the same container again: the same pod
+            self.watch(hostname)
         for job in self.jobs.values():
             deadline = job.spec.get("activeDeadlineSeconds")
             if not job.finished and deadline is not None and now - job.created > float(deadline):
                 return self.job_failed(run, job, "DeadlineExceeded", f"{DEADLINE_MESSAGE} ({deadline}s)",
                                        DEADLINE_EXIT, None)
+        self.probe(run, now)
         if len(self.launched) < len(self.rjobs):
             self.create_ready_jobs(run)
         return self.stuck(run)

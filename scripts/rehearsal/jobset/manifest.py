@@ -13,6 +13,7 @@ _POD_SPEC = {"restartPolicy": fields.ALL, "terminationGracePeriodSeconds": field
              "serviceAccountName": fields.ALL,
              "containers": [{"name": fields.ALL, "image": fields.ALL, "command": fields.ALL, "args": fields.ALL,
                              "env": fields.ALL, "ports": fields.ALL, "volumeMounts": fields.ALL,
+                             "readinessProbe": fields.ALL, "startupProbe": fields.ALL,
                              "resources": {"limits": {"nvidia.com/gpu": fields.ALL}}}]}
 EMULATED = {
     "apiVersion": fields.ALL, "kind": fields.ALL,
@@ -54,5 +55,5 @@ def load(path: str) -> dict:
 def not_emulated(manifest: dict) -> str:
     """The one line that names every field of the JobSet the rehearsal does not emulate."""
     unknown = fields.not_emulated(manifest, EMULATED)
-    return ("not emulated, every pod runs here at once on this machine's CPUs: "
+    return ("not emulated, every pod runs here on this machine's CPUs: "
             + ("; ".join(unknown) if unknown else "nothing else the JobSet asks"))

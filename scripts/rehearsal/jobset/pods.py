@@ -1,5 +1,5 @@
 """Every pod of a JobSet, ready to run as one container: its identity (identity.py), its container
-(environment.py), its volumes, GPUs and grace."""
+(environment.py), its volumes, GPUs, grace and probes (probes.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Callable
 from scripts.rehearsal.jobset.admission import admitted
 from scripts.rehearsal.jobset.environment import pod_spec_of, resolve_pod
 from scripts.rehearsal.jobset.identity import dns_names, pod_identities, stable_suffix
+from scripts.rehearsal.jobset.probes import Probe, container_probes
 from scripts.rehearsal.runner import RehearsalError
 from scripts.rehearsal.storage import BUCKET_NAME
 
@@ -58,6 +59,7 @@ class Pod:
     gpus: int
     grace: int  # terminationGracePeriodSeconds
     aliases: tuple[str, ...]
+    probes: tuple[Probe, ...] = ()  # its container's startup and readiness probes
 
 
 def pods_of(manifest: dict, restart_attempt: int = 0, suffix: Callable[[str], str] = stable_suffix) -> list[Pod]:
@@ -82,7 +84,8 @@ def pod_of(manifest: dict, identity: dict, name: str) -> Pod:
     return Pod(name, identity["hostname"], identity["subdomain"], identity["job"], identity["replicated_job"],
                container["image"], list(container.get("command") or []), list(container.get("args") or []),
                dict(container["env"]), container["name"], _mounts(pod_spec, template, where), gpus,
-               int(pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)), dns_names(pod))
+               int(pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)), dns_names(pod),
+               container_probes(template, f"{where} container {container['name']}"))
 
 
 def _mounts(pod_spec: dict, container: dict, where: str) -> list[tuple[str | None, str, bool]]:
