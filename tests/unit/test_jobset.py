@@ -15,7 +15,7 @@ import yaml
 
 from helpers import REPO, clean_env, run_module
 from scripts import jobspec, submit_job
-from scripts.rehearsal.jobset import manifest as rehearsal_manifest, pods as rehearsal_pods
+from scripts.rehearsal.jobset import pods as rehearsal_pods
 from trainer import exits
 from trainer.cluster import ClusterConfigError, resolve
 

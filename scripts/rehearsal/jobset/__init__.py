@@ -5,7 +5,8 @@ Kubernetes' Job controller (pkg/controller/job: job_controller.go, pod_failure_p
 rule below names the function it follows.
 
 Before anything runs, `admitted` applies what the API server would: the JobSet webhook's defaults
-(Default), Kubernetes' Job defaults (SetDefaults_Job) and what the webhook and Kubernetes' Job validation refuse, refused here with one line.
+(Default), Kubernetes' Job defaults (SetDefaults_Job), and what the webhook and Kubernetes' Job
+validation refuse, refused here with one line.
 
 Each pod (`jobset_pods`) gets what the cluster gives it: the hostname `{job}-{index}` of its
 Indexed Job `{jobset}-{replicatedJob}-{jobIndex}`, a name with 5 random characters after it, the
