@@ -3,7 +3,7 @@
 ending as JobSet documents it: success or failure, which Jobs start after which, restarts.
 
 Their commands are shell lines (`sleep`, `echo`) that the CPU image runs as well as busybox or
-bash:latest. The five rehearsals run at once, in one fixture: they mostly sleep, so together they
+bash:latest. A sixth JobSet, ours, probes a server over the network. The rehearsals run at once, in one fixture: they mostly sleep, so together they
 take about as long as the longest alone. Each test then reads its own run's lines."""
 
 from __future__ import annotations
@@ -44,6 +44,28 @@ def driver_ready_example(image: str) -> dict:
     return manifest
 
 
+def network_probes(image: str) -> dict:
+    """Not one of JobSet's examples: a server whose startupProbe (tcpSocket) and readinessProbe
+    (httpGet) reach it at its pod's address only once it serves, and a client created once it is
+    Ready, which reads from it at once."""
+    server = {"name": "server", "image": image,
+              "command": ["sh", "-c", "sleep 3 && exec python -m http.server 8080"],
+              "ports": [{"name": "http", "containerPort": 8080}],
+              "startupProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 30},
+              "readinessProbe": {"httpGet": {"port": "http", "path": "/"}, "periodSeconds": 1}}
+    client = {"name": "client", "image": image, "command": [
+        "python", "-c", "import urllib.request; print(urllib.request.urlopen("
+        "'http://probes-server-0-0.probes:8080/', timeout=5).status)"]}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "probes"}, "spec": {
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": ["client"]},
+        "replicatedJobs": [
+            # A python server is PID 1 here, which ignores SIGTERM: a short grace ends the run sooner.
+            {"name": "server", "template": {"spec": {"template": {"spec": {
+                "terminationGracePeriodSeconds": 1, "containers": [server]}}}}},
+            {"name": "client", "dependsOn": [{"name": "server", "status": "Ready"}],
+             "template": {"spec": {"backoffLimit": 0, "template": {"spec": {"containers": [client]}}}}}]}}
+
+
 @pytest.fixture(scope="module")
 def example_runs(engine, cpu_image, tmp_path_factory):
     """{example: (exit code, stdout)} for every example, rehearsed at once."""
@@ -51,6 +73,7 @@ def example_runs(engine, cpu_image, tmp_path_factory):
         "depends-on/depends-on.yaml", "depends-on/multiple-depends-on.yaml", "simple/success-policy.yaml",
         "failure-policy/failjobset-action.yaml")}
     manifests["startup-policy/startup-driver-ready.yaml"] = driver_ready_example(cpu_image)
+    manifests["network-probes"] = network_probes(cpu_image)
     directory = tmp_path_factory.mktemp("jobset-examples")
     started = {}
     for path, manifest in manifests.items():
@@ -140,3 +163,14 @@ def test_failjobset_action_fails_the_jobset_when_the_leader_job_fails(example_ru
     assert "Job failjobset-action-example-leader-0 failed (BackoffLimitExceeded)" in said[-1]
     assert "Sleeping in 1" in lines(output, "failjobset-action-example-leader-0-0")
     assert not any("recreates every Job" in line for line in said)  # no restart of the JobSet
+
+
+def test_tcp_and_http_probes_reach_the_pods_address_and_ready_means_serving(example_runs):
+    code, output = example_runs["network-probes"]
+    said = notes(output)
+    assert code == 0 and said[-1].endswith("succeeded (successPolicy met)"), output[-3000:]
+    started = first(output, "local-run", "probes-server-0-0: startupProbe succeeded")
+    ready = first(output, "local-run", "probes-server-0-0: Ready (readinessProbe succeeded)")
+    assert started <= ready < first(output, "local-run", "client: server is Ready: creating its Jobs")
+    assert lines(output, "probes-client-0-0", "INFO") == ["200"]
+    assert ran_once(said, ["probes-client-0-0"])

@@ -649,3 +649,68 @@ def test_the_first_line_no_longer_names_readiness_or_startup_probes():
     container["livenessProbe"] = {"exec": {"command": ["true"]}}
     line = manifests.not_emulated(manifest)
     assert "readinessProbe" not in line and "startupProbe" not in line and "livenessProbe" in line
+
+
+@pytest.fixture
+def status_server():
+    """A server on loopback answering GET /STATUS with that status, recording each request's headers."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(dict(self.headers))
+            self.send_response(int(self.path.strip("/")))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status, success", [(200, True), (302, True), (399, True), (404, False), (500, False)])
+def test_an_http_probe_succeeds_on_a_status_from_200_to_399(status_server, status, success):
+    from scripts.rehearsal.jobset import prober
+
+    port, seen = status_server
+    probe = probe_of(httpGet={"port": port, "path": f"/{status}", "httpHeaders": [{"name": "X-Probe", "value": "1"}]})
+    assert prober.succeeds(probe, engine=None, container="c", address="127.0.0.1") is success
+    assert seen[-1]["User-Agent"].startswith("kube-probe/") and seen[-1]["X-Probe"] == "1"
+
+
+def test_tcp_and_http_probes_fail_where_nothing_listens(status_server):
+    from scripts.rehearsal.jobset import prober
+    from scripts.rehearsal.local_gcs.launcher import free_port
+
+    port, _ = status_server
+    closed = free_port()
+    assert prober.succeeds(probe_of(tcpSocket={"port": port}), None, "c", "127.0.0.1")
+    assert not prober.succeeds(probe_of(tcpSocket={"port": closed}), None, "c", "127.0.0.1")
+    assert not prober.succeeds(probe_of(httpGet={"port": closed}), None, "c", "127.0.0.1")
+
+
+@pytest.mark.parametrize("outcome, success", [(0, True), (1, False), ("timeout", False)])
+def test_an_exec_probe_runs_in_the_container_and_succeeds_on_exit_0(outcome, success):
+    import subprocess
+
+    from scripts.rehearsal.jobset import prober
+
+    class Engine:
+        def run(self, *args, timeout=None):
+            self.args, self.timeout = args, timeout
+            if outcome == "timeout":
+                raise subprocess.TimeoutExpired(list(args), timeout)
+            return subprocess.CompletedProcess(list(args), outcome, "", "")
+
+    engine = Engine()
+    probe = probe_of(exec={"command": ["cat", "/tmp/ready"]}, timeoutSeconds=2)
+    assert prober.succeeds(probe, engine, "rehearsal-x-pod", "") is success
+    assert (engine.args, engine.timeout) == (("exec", "rehearsal-x-pod", "cat", "/tmp/ready"), 2)

@@ -5,7 +5,9 @@ pkg/kubelet/prober/prober.go, pkg/probe/exec, pkg/probe/http, pkg/probe/tcp):
   timeoutSeconds is failure;
 - httpGet: a GET from this machine (the kubelet's node) to the pod's own address (or `host`) and
   port, path and headers, with the kubelet's User-Agent unless a header sets one; a status from
-  200 to 399 is success; HTTPS is not verified, as the kubelet does not verify it;
+  200 to 399 is success; HTTPS is not verified, as the kubelet does not verify it; a redirect is
+  not followed, its 3xx counts as success (the kubelet follows one to the same host and judges
+  the answer there, and counts one to another host as success);
 - tcpSocket: a TCP connection to the pod's address (or `host`) and port, opened within timeoutSeconds.
 """
 
