@@ -15,8 +15,9 @@ JOB_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexe
 
 def admitted(manifest: dict) -> dict:
     """The manifest as the API server would store it: the JobSet webhook's defaults (Default in
-    jobset_webhook.go) and Kubernetes' defaults of each Job (`job_defaults`), then what the webhook (ValidateCreate, validateFailurePolicy) and
-    Kubernetes' Job validation refuse, refused here with one line each. A new dict."""
+    jobset_webhook.go) and Kubernetes' defaults of each Job (`job_defaults`), then what the
+    webhook (ValidateCreate, validateFailurePolicy) and Kubernetes' Job validation refuse, refused
+    here with one line each. A new dict."""
     manifest = json.loads(json.dumps(manifest))
     spec = manifest.setdefault("spec", {})
     spec.setdefault("successPolicy", {"operator": "All"})

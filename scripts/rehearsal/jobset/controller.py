@@ -150,7 +150,8 @@ class JobSetRules:
         replicas = int(self.rjobs[replicated_job]["replicas"])
         if len(jobs) < replicas:
             return False
-        return depends_on.reached(status, replicas, ready=sum(1 for job in jobs if not job.finished and self.job_ready(run, job)),
+        ready = sum(1 for job in jobs if not job.finished and self.job_ready(run, job))
+        return depends_on.reached(status, replicas, ready=ready,
                                   succeeded=sum(1 for job in jobs if job.finished == "Complete"),
                                   failed=sum(1 for job in jobs if job.finished == "Failed"))
 
