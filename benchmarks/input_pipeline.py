@@ -9,7 +9,7 @@ For N = 1, 2 and 4 simulated workers it times worker 0 with:
   trainer   cassava.data.make_dataset, as training uses it (cache on);
   limit     decoding worker 0's share of the JPEGs and nothing else;
   bucket    the trainer's pipeline reading the same files from a Cloud Storage bucket: the local
-            server (scripts/rehearsal/local_gcs.py, in a process of its own) delays every request by
+            server (scripts/rehearsal/local_gcs/, in a process of its own) delays every request by
             --latency-ms, Cloud Storage's time to first byte, and TensorFlow's own GCS client
             reads through it. The server shares the 2 cores with the pipeline (real Cloud
             Storage costs the machine nothing), so this ratio is a lower bound.
@@ -331,7 +331,7 @@ class BucketCopy:
             if "Ctrl-C" in line:
                 break
         else:
-            raise RuntimeError("scripts/rehearsal/local_gcs.py did not start")
+            raise RuntimeError("scripts/rehearsal/local_gcs/ did not start")
         self.latency_ms = latency_ms
 
     def upload(self, files: list[str]) -> list[str]:

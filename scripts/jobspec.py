@@ -4,7 +4,7 @@ one request.
 Pure functions: no cloud SDK, no network. `scripts/submit_job.py` prints or submits what these
 build; the tests load them into each platform's own schema. `cluster_environments` derives the
 TF_CONFIG / CLUSTER_SPEC each replica would be given, as each platform sets them, so the specs can
-be checked against `trainer.cluster` without running anything (a JobSet's pods: scripts/rehearsal/jobset.py).
+be checked against `trainer.cluster` without running anything (a JobSet's pods: scripts/rehearsal/jobset/).
 """
 
 from __future__ import annotations
@@ -557,8 +557,8 @@ def jobset_header(manifest: dict) -> str:
     needs = "the JobSet controller (v0.7 or later)"
     if queue:
         needs += f" and Kueue, with a LocalQueue {queue} in namespace {manifest['metadata'].get('namespace', 'default')}"
-    return (f"# A JobSet ({JOBSET_API_VERSION}) of the cassava trainer: one Indexed Job per role; each pod finds its\n"
-            f"# cluster from its JobSet labels and JOBSET_PODS (trainer/cluster.py). Needs {needs}.\n"
+    return (f"# A JobSet ({JOBSET_API_VERSION}): one Indexed Job per role; each pod gets its cluster as TF_CONFIG, and\n"
+            f"# as its JobSet labels and JOBSET_PODS (trainer/cluster.py). Needs {needs}.\n"
             f"# Apply with: kubectl apply -f FILE\n")
 
 
@@ -566,11 +566,12 @@ def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = Non
     """A JobSet: one replicatedJob per role (chief, worker, ps, evaluator), each a single Job
     (replicas: 1) whose pods are the role's tasks (Indexed, completions = parallelism = pods), so
     pod i of role R has the hostname `{name}-{R}-0-{i}` and the DNS name `{name}-{R}-0-{i}.{name}`.
-    Every container gets trainer.cluster's JobSet variables; nothing else tells a pod its cluster."""
+    Every container gets trainer.cluster's JobSet variables and a TF_CONFIG that says the same
+    (jobset_container_env)."""
     vertex_only(request, "a JobSet")
     name = request.name.lower().replace("_", "-")
     _check_jobset_names(name, request.pools)
-    pods = ",".join(f"{pool.role}={pool.replicas}" for pool in request.pools)
+    pods = {pool.role: pool.replicas for pool in request.pools}
     # The JobSet succeeds when the chief does; JobSet then deletes the Jobs still running (parameter
     # servers and PSS workers serve until stopped). The evaluator is waited for as well: it
     # evaluates the last checkpoint after the chief has finished, then exits by itself.
@@ -605,29 +606,61 @@ def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = Non
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": succeeds_with},
             "failurePolicy": {"maxRestarts": request.max_restarts, "restartStrategy": "BlockingRecreate", "rules": rules},
-            "replicatedJobs": [{"name": pool.role, "replicas": 1, "template": _jobset_job(request, pool, pods)}
+            "replicatedJobs": [{"name": pool.role, "replicas": 1, "template": _jobset_job(request, name, pool, pods)}
                                for pool in request.pools],
         },
     }
 
 
-def jobset_container_env(pods: str) -> list[dict]:
-    """trainer.cluster's JobSet variables as a container's env: the labels through the downward
-    API, the pods of every role as a plain value. JOB_COMPLETION_INDEX is the Job controller's."""
+# The annotation the Job controller gives each pod of an Indexed Job its index in
+# (batch.kubernetes.io/job-completion-index), and reads JOB_COMPLETION_INDEX from.
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+def jobset_container_env(jobset: str, pods: dict[str, int], role: str) -> list[dict]:
+    """A container's env in the JobSet `jobset` whose replicatedJob R has pods[R] pods, for a pod of
+    `role`: trainer.cluster's JobSet variables (the labels through the downward API, the pods of
+    every role as a plain value), then TF_CONFIG, for a command that reads nothing else.
+
+    TF_CONFIG's cluster is the one trainer.cluster computes from those variables (jobset_cluster),
+    the evaluator left out of it as TensorFlow expects; its task index is the pod's completion
+    index, through `$(JOB_COMPLETION_INDEX)`. Kubernetes expands a `$(VAR)` only to a variable
+    defined earlier in the list, and the Job controller appends its JOB_COMPLETION_INDEX last
+    (addCompletionIndexEnvVariable, pkg/controller/job), so it is defined here first, from the same
+    annotation; the controller then leaves a container that has one alone."""
     env: list[dict] = [{"name": variable, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
                        for variable, label in trainer_cluster.JOBSET_LABEL_ENV.items()]
-    env.append({"name": trainer_cluster.JOBSET_PODS, "value": pods})
+    env.append({"name": trainer_cluster.JOBSET_PODS, "value": ",".join(f"{name}={count}" for name, count in pods.items())})
+    env.append({"name": trainer_cluster.JOB_COMPLETION_INDEX,
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    hosts = trainer_cluster.jobset_cluster(jobset, pods)
+    training = {name: addresses for name, addresses in hosts.items() if name != trainer_cluster.EVALUATOR}
+    # The index is a JSON number once Kubernetes has put the pod's index in place of the reference.
+    index = "$(" + trainer_cluster.JOB_COMPLETION_INDEX + ")"
+    tf_config = json.dumps({"cluster": training, "task": {"type": role, "index": 0}}).replace('"index": 0}', f'"index": {index}}}')
+    env.append({"name": "TF_CONFIG", "value": tf_config})
     return env
 
 
-def _jobset_job(request: JobRequest, pool: Pool, pods: str) -> dict:
+def _jobset_job(request: JobRequest, jobset: str, pool: Pool, pods: dict[str, int]) -> dict:
     """The Job template of one role."""
     args = list(request.trainer_args)
-    if request.base_output_dir and "--model-dir" not in args:
-        args += ["--model-dir", f"{request.base_output_dir.rstrip('/')}/model"]
-    container: dict = {"name": "trainer", "image": pool.image_uri, "args": args,
-                       "ports": [{"name": "tf", "containerPort": trainer_cluster.TF_PORT, "protocol": "TCP"}],
-                       "env": jobset_container_env(pods)}
+    env = jobset_container_env(jobset, pods, pool.role)
+    if request.base_output_dir:
+        # As Vertex names them under baseOutputDirectory: trainer.outputs reads them when no flag
+        # is given, and so can any script.
+        base = request.base_output_dir.rstrip("/")
+        env += [{"name": "AIP_MODEL_DIR", "value": f"{base}/model/"},
+                {"name": "AIP_CHECKPOINT_DIR", "value": f"{base}/checkpoints/"},
+                {"name": "AIP_TENSORBOARD_LOG_DIR", "value": f"{base}/logs/"}]
+        if args and "--model-dir" not in args:
+            args += ["--model-dir", f"{base}/model"]
+    container: dict = {"name": "trainer", "image": pool.image_uri}
+    if args:
+        # Without trainer arguments, no args: the image's own ENTRYPOINT and CMD run, whatever they are.
+        container["args"] = args
+    container.update({"ports": [{"name": "tf", "containerPort": trainer_cluster.TF_PORT, "protocol": "TCP"}],
+                      "env": env})
     if pool.accelerator_type:
         container["resources"] = {"limits": {"nvidia.com/gpu": pool.accelerator_count}}
     # restartPolicy Never: a failed pod is replaced by a new one with the same index, and so the same

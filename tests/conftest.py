@@ -40,7 +40,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
-    """The local Cloud Storage server (scripts/rehearsal/local_gcs.py), one for the whole session; every
+    """The local Cloud Storage server (scripts/rehearsal/local_gcs/), one for the whole session; every
     test makes buckets of its own."""
     from scripts.rehearsal.local_gcs import LocalGCS
 

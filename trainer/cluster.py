@@ -323,9 +323,7 @@ def _resolve_jobset(environ: Mapping[str, str]) -> Cluster:
     port_text = environ.get(JOBSET_PORT, "").strip() or str(TF_PORT)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ClusterConfigError(f'{JOBSET_PORT} is "{port_text}", not a port number')
-    cluster: dict[str, list[str]] = {}
-    for name, count in pods.items():
-        cluster[_jobset_role(name, JOBSET_PODS)] = [f"{jobset}-{name}-0-{i}.{subdomain}:{port_text}" for i in range(count)]
+    cluster = jobset_cluster(jobset, pods, subdomain, port_text)
     if len(cluster.get(CHIEF, [])) > 1:
         raise ClusterConfigError(f'{JOBSET_PODS} ("{pods_text}") gives the chief {len(cluster[CHIEF])} pods; '
                                  "a cluster has one chief (more tasks go to workers)")
@@ -333,6 +331,15 @@ def _resolve_jobset(environ: Mapping[str, str]) -> Cluster:
         raise ClusterConfigError(f'{JOBSET_PODS} ("{pods_text}") has neither a chief nor a worker')
     return _resolve_spec("JobSet", {"cluster": cluster, "task": {"type": role, "index": task_index}},
                          environ.get("CLOUD_ML_TRIAL_ID"))
+
+
+def jobset_cluster(jobset: str, pods: Mapping[str, int], subdomain: str = "", port: int | str = TF_PORT) -> dict[str, list[str]]:
+    """Role -> the `host:port` of each of its tasks, for JobSet `jobset` whose replicatedJob R is one
+    Job of pods[R] pods: pod i of R is `{jobset}-{R}-0-{i}` under the headless Service `subdomain`
+    (the JobSet's name when empty). The evaluator, when there is one, is listed like any role."""
+    subdomain = subdomain or jobset
+    return {_jobset_role(name, JOBSET_PODS): [f"{jobset}-{name}-0-{i}.{subdomain}:{port}" for i in range(count)]
+            for name, count in pods.items()}
 
 
 def _jobset_pods(text: str) -> dict[str, int]:

@@ -7,11 +7,11 @@ deployed to an endpoint (`python scripts/deploy_model.py local ...`).
 | session.py   | one rehearsal from start to end: options, engine, storage, signals, cleanup          |
 | runner.py    | the one container runner: create, start, relay, stop, remove; the loop over rules    |
 | vertex.py    | Vertex AI's rules, and what Vertex tells each replica                                |
-| jobset.py    | JobSet's and Kubernetes' rules, and what each pod gets, as their controllers do    |
+| jobset/      | JobSet's and Kubernetes' rules, and what each pod gets: a module per policy      |
 | endpoint.py  | a Model deployed to an endpoint: the prediction image, ready when healthy           |
 | engine.py    | the container engine (docker or podman) and its settings, for every script         |
 | storage.py   | Cloud Storage and /gcs/ for every container, from one setup                          |
-| local_gcs.py | the local Cloud Storage server and its proxy (`python -m scripts.rehearsal.local_gcs`) |
+| local_gcs/   | the local Cloud Storage server and its proxy (`python -m scripts.rehearsal.local_gcs`), a module per part |
 | gcs_fuse.py  | the local server's buckets as files                                                 |
 | fields.py    | the spec fields a rehearsal does not emulate, named at its start                    |
 

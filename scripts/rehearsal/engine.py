@@ -148,8 +148,9 @@ class Engine:
         chosen = settings(requested)
         return Engine(chosen.engine, chosen.environ)
 
-    def run(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([self.tool, *args], capture_output=True, text=True, env=self.environ)
+    def run(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Raises subprocess.TimeoutExpired after `timeout` seconds (the command is then killed)."""
+        return subprocess.run([self.tool, *args], capture_output=True, text=True, env=self.environ, timeout=timeout)
 
     def __call__(self, *args: str, check: bool = True) -> str:
         result = self.run(*args)
@@ -175,6 +176,16 @@ class Engine:
         """A field of the container's State, as the engine prints it; None if there is no such container."""
         inspected = self.run("inspect", "--format", f"{{{{.State.{field}}}}}", container)
         return inspected.stdout.strip() if inspected.returncode == 0 else None
+
+    def address(self, container: str, network: str) -> str | None:
+        """The container's IP address on `network`; None when it has none (not running, or gone)."""
+        inspected = self.run("inspect", "--format", "{{json .NetworkSettings.Networks}}", container)
+        if inspected.returncode != 0:
+            return None
+        try:
+            return (json.loads(inspected.stdout) or {}).get(network, {}).get("IPAddress") or None
+        except (ValueError, AttributeError):
+            return None
 
     def has_started(self, container: str) -> bool:
         """Whether the container's command has ever run (a container that could not start has

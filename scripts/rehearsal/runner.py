@@ -8,7 +8,7 @@ asked for (`--preempt`, `--maintenance`), and asks the platform's `Rules` what e
 whether time has run out. The rules answer None (carry on), a `Restart` (every container again),
 or an `Outcome` (the job's end); what a platform does between (launching a replica again, a
 pod's replacement) they do through the run. The rules are the only difference between Vertex AI
-(vertex.py) and JobSet (jobset.py); this module knows neither.
+(vertex.py) and JobSet (jobset/); this module knows neither.
 
 What the runner decides for both, where the platforms leave nothing to decide:
 - the engine failing to run a container (an image it cannot find or pull, a container it cannot

@@ -1,6 +1,6 @@
 """One rehearsal from start to end, whatever the platform: `rehearse` checks the options, and
 `run_session` finds the engine, starts Cloud Storage (storage.py), hands the spec to the
-platform's rules (vertex.py, jobset.py, endpoint.py) over the runner (runner.py), copies the
+platform's rules (vertex.py, jobset/, endpoint.py) over the runner (runner.py), copies the
 buckets out, and removes everything it made, also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
 runner's cancel, `kill`) both stop every container with its grace, then clean up.
 

@@ -1,7 +1,7 @@
 """Cloud Storage for every container a rehearsal runs, Vertex replica and JobSet pod alike.
 
 One setup per rehearsal, whichever platform's rules run the containers:
-- a local Cloud Storage server (local_gcs.py) holding every bucket the spec names and those
+- a local Cloud Storage server (local_gcs/) holding every bucket the spec names and those
   `--stage` fills, reached with TensorFlow's own gs:// client through a proxy that listens on
   each job network's gateway and admits only that network (`for_network`);
 - the same buckets as files (gcs_fuse.py), mounted once on this machine: Vertex replicas see

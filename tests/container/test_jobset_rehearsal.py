@@ -56,18 +56,26 @@ def test_a_mwms_jobset_trains_with_each_pod_finding_its_cluster(engine, cpu_imag
 
 
 def test_every_pod_prints_the_same_cluster_with_its_own_address(engine, cpu_image, tmp_path):
-    """PSS with an evaluator, each pod running `python -m trainer.cluster` instead of training."""
+    """PSS with an evaluator, each pod running `python -m trainer.cluster` instead of training:
+    once from its TF_CONFIG, once from its JobSet variables alone; both say the same."""
     manifest = jobset("--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator", "--", image=cpu_image)
     for rjob in manifest["spec"]["replicatedJobs"]:
         container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
-        container["command"], container["args"] = ["python", "-m", "trainer.cluster"], []
+        container["command"] = ["sh", "-c", "python -m trainer.cluster && env -u TF_CONFIG python -m trainer.cluster"]
+        container["args"] = []
     manifest["spec"]["successPolicy"] = {"operator": "All"}  # every Job, as each pod exits at once
     result = run_jobset(manifest, tmp_path, engine=engine)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     name = manifest["metadata"]["name"]
     pods = [f"{name}-{role}-0-{i}" for role, count in (("chief", 1), ("worker", 2), ("ps", 1), ("evaluator", 1))
             for i in range(count)]
-    printed = {pod: json.loads("\n".join(lines(result.stdout, pod, "INFO"))) for pod in pods}
+    both = {pod: [json.loads(line) for line in lines(result.stdout, pod, "INFO")] for pod in pods}
+    assert {pod: [p["source"] for p in said] for pod, said in both.items()} == {pod: ["TF_CONFIG", "JobSet"] for pod in pods}
+    for pod, (from_tf_config, from_jobset) in both.items():
+        # TF_CONFIG never names the evaluator: only the evaluator itself knows of one from it.
+        from_jobset["has_evaluator"] = from_tf_config["has_evaluator"] if "evaluator" not in pod else True
+        assert {**from_tf_config, "source": "JobSet"} == from_jobset, pod
+    printed = {pod: said[1] for pod, said in both.items()}
     clusters = {json.dumps(p["tf_config"]["cluster"], sort_keys=True) for p in printed.values() if p["tf_config"]}
     assert len(clusters) == 1, clusters
     cluster = json.loads(clusters.pop())

@@ -1,5 +1,5 @@
 """gs:// end to end: real TensorFlow processes read and write a local Cloud Storage server
-(scripts/rehearsal/local_gcs.py) at Google's hostnames, through TensorFlow's own GCS client."""
+(scripts/rehearsal/local_gcs/) at Google's hostnames, through TensorFlow's own GCS client."""
 
 from __future__ import annotations
 

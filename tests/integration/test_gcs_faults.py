@@ -1,4 +1,4 @@
-"""What goes wrong on Cloud Storage, against the local server (scripts/rehearsal/local_gcs.py): missing
+"""What goes wrong on Cloud Storage, against the local server (scripts/rehearsal/local_gcs/): missing
 and forbidden buckets, 503s short and lasting, a task killed mid-epoch or mid-write. In every
 case the job says so in one line and nothing already written is lost."""
 

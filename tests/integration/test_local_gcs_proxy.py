@@ -1,4 +1,4 @@
-"""The local Cloud Storage server's proxy (scripts/rehearsal/local_gcs.py), from the side of a hostile client:
+"""The local Cloud Storage server's proxy (scripts/rehearsal/local_gcs/), from the side of a hostile client:
 it opens nothing on this machine, checks who connects before reading them, and no client can
 stall another. The server and its clients are real; the clients are sockets and http.client."""
 

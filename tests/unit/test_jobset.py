@@ -5,6 +5,7 @@ and for JobSets written by hand in the shape the docs show."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import sys
@@ -14,7 +15,7 @@ import yaml
 
 from helpers import REPO, clean_env, run_module
 from scripts import jobspec, submit_job
-from scripts.rehearsal import jobset as rehearsal_jobset
+from scripts.rehearsal.jobset import pods as rehearsal_pods
 from trainer import exits
 from trainer.cluster import ClusterConfigError, resolve
 
@@ -126,7 +127,11 @@ def test_one_indexed_job_per_role_with_the_roles_pods_as_completions(name):
         [container] = job["template"]["spec"]["containers"]
         assert " ".join(TRAINER_ARGS) in " ".join(container["args"])
         assert {e["name"]: e.get("value") for e in container["env"]}["JOBSET_PODS"] == ",".join(f"{r}={n}" for r, n in pods.items())
-        assert "JOB_COMPLETION_INDEX" not in {e["name"] for e in container["env"]}  # the Job controller's
+        names = [e["name"] for e in container["env"]]
+        # Defined before TF_CONFIG, which refers to it, from the annotation the Job controller would read.
+        assert names.index("JOB_COMPLETION_INDEX") < names.index("TF_CONFIG")
+        assert container["env"][names.index("JOB_COMPLETION_INDEX")]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
 
 
 def test_gpu_pools_use_the_gpu_image_and_request_gpus_and_ps_do_not():
@@ -246,16 +251,21 @@ def test_a_name_kubernetes_would_refuse_is_one_line_and_exit_2(argv, message):
 # --- Every pod's cluster, resolved by the trainer from its own environment -------------------------
 
 def resolved_pods(jobset):
-    """{hostname: Cluster} for every pod of `jobset`, each from the environment Kubernetes gives it."""
-    return {pod["hostname"]: resolve(pod["env"]) for pod in rehearsal_jobset.jobset_pods(jobset)}
+    """{hostname: Cluster} for every pod of `jobset`, each from the JobSet variables of the
+    environment Kubernetes gives it (TF_CONFIG, when the JobSet sets one, left out)."""
+    return {pod["hostname"]: resolve(without_tf_config(pod["env"])) for pod in rehearsal_pods.jobset_pods(jobset)}
+
+
+def without_tf_config(env):
+    return {name: value for name, value in env.items() if name != "TF_CONFIG"}
 
 
 @pytest.mark.parametrize("name", REQUESTS)
 def test_every_pod_resolves_one_cluster_each_with_its_own_dns_name(name):
     jobset = manifest(name)
     num_workers, num_ps, evaluator = EXPECTED[name]
-    pods = rehearsal_jobset.jobset_pods(jobset)
-    clusters = [resolve(pod["env"]) for pod in pods]
+    pods = rehearsal_pods.jobset_pods(jobset)
+    clusters = [resolve(without_tf_config(pod["env"])) for pod in pods]
     assert len({json.dumps(c.tf_config["cluster"], sort_keys=True) for c in clusters}) == 1
     assert sum(c.is_chief for c in clusters) == 1
     assert {(c.num_workers, c.num_ps, c.has_evaluator, c.source) for c in clusters} == {(num_workers, num_ps, evaluator, "JobSet")}
@@ -268,6 +278,35 @@ def test_every_pod_resolves_one_cluster_each_with_its_own_dns_name(name):
             assert training_cluster[cluster.task_type][cluster.task_index] == f"{pod['hostname']}.{pod['subdomain']}:2222"
 
 
+@pytest.mark.parametrize("name", REQUESTS)
+def test_every_pods_tf_config_gives_the_cluster_its_jobset_variables_give(name):
+    """A command that reads only TF_CONFIG joins the same cluster as trainer.cluster's JobSet
+    resolution. TF_CONFIG never names the evaluator, so only the evaluator itself knows of one."""
+    for pod in rehearsal_pods.jobset_pods(manifest(name)):
+        from_tf_config, from_jobset = resolve(pod["env"]), resolve(without_tf_config(pod["env"]))
+        assert (from_tf_config.source, from_jobset.source) == ("TF_CONFIG", "JobSet")
+        if from_jobset.task_type != "evaluator":
+            from_jobset = dataclasses.replace(from_jobset, has_evaluator=False)
+        assert dataclasses.replace(from_tf_config, source="JobSet") == from_jobset, pod["hostname"]
+        tf_config = json.loads(pod["env"]["TF_CONFIG"])  # as TensorFlow reads it: the index a number
+        assert tf_config["task"] == {"type": pod["replicated_job"], "index": pod["completion_index"]}
+
+
+def test_a_user_image_without_trainer_arguments_runs_its_own_command():
+    """No trainer arguments: no args and no command, so the image's ENTRYPOINT and CMD run; the
+    output directories reach it as Vertex names them."""
+    args = submit_job.build_parser().parse_args(["jobset", "--image-uri", "registry.example/team/my-model:1",
+                                                 "--workers", "1", "--base-output-dir", "gs://bucket/run-1"])
+    args.trainer_args = []  # what argparse leaves when nothing follows `--`
+    jobset = yaml.safe_load(yaml.safe_dump(submit_job.build_spec(args)[1]))
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        [container] = rjob["template"]["spec"]["template"]["spec"]["containers"]
+        assert "args" not in container and "command" not in container
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["AIP_MODEL_DIR"], env["AIP_CHECKPOINT_DIR"]) == ("gs://bucket/run-1/model/", "gs://bucket/run-1/checkpoints/")
+        assert "TF_CONFIG" in env
+
+
 def test_the_cli_prints_the_same_cluster_in_every_pod():
     import subprocess
 
@@ -275,7 +314,7 @@ def test_the_cli_prints_the_same_cluster_in_every_pod():
 
     base = {k: v for k, v in clean_env().items() if k not in {"HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES}}
     printed = []
-    for pod in rehearsal_jobset.jobset_pods(manifest("pss-evaluator")):
+    for pod in rehearsal_pods.jobset_pods(manifest("pss-evaluator")):
         result = subprocess.run([sys.executable, "-m", "trainer.cluster"], env={**base, **pod["env"]}, cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
@@ -449,7 +488,7 @@ def test_a_hand_written_jobset_with_its_own_subdomain_passes_it_on():
     jobset["spec"]["network"] = {"subdomain": "tf-net"}
     for rjob in jobset["spec"]["replicatedJobs"]:
         rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "JOBSET_SUBDOMAIN", "value": "tf-net"})
-    pods = rehearsal_jobset.jobset_pods(jobset)
+    pods = rehearsal_pods.jobset_pods(jobset)
     assert {pod["subdomain"] for pod in pods} == {"tf-net"}
     assert resolve(pods[0]["env"]).tf_config["cluster"]["worker"] == ["cassava-worker-0-0.tf-net:2222", "cassava-worker-0-1.tf-net:2222"]
 
@@ -484,20 +523,20 @@ def worker_env(jobset):
 ])
 def test_a_hand_written_jobset_that_gets_it_wrong_stops_the_pods_it_misleads(change, message):
     errors = []
-    for pod in rehearsal_jobset.jobset_pods(hand_written_with(change)):
+    for pod in rehearsal_pods.jobset_pods(hand_written_with(change)):
         try:
             resolve(pod["env"])
         except ClusterConfigError as error:
             errors.append(str(error))
     assert errors and all(error.startswith(message) for error in errors), errors
-    assert [resolve(pod["env"]).task_name for pod in rehearsal_jobset.jobset_pods(yaml.safe_load(HAND_WRITTEN_MWMS))] == \
+    assert [resolve(pod["env"]).task_name for pod in rehearsal_pods.jobset_pods(yaml.safe_load(HAND_WRITTEN_MWMS))] == \
         ["chief-0", "worker-0", "worker-1"]
 
 
 # --- jobset_pods: what Kubernetes makes of a manifest -----------------------------------------------
 
 def test_pods_get_jobsets_labels_the_job_controllers_index_and_hostname():
-    pods = rehearsal_jobset.jobset_pods(yaml.safe_load(HAND_WRITTEN_PSS))
+    pods = rehearsal_pods.jobset_pods(yaml.safe_load(HAND_WRITTEN_PSS))
     worker = next(pod for pod in pods if pod["hostname"] == "cassava-worker-0-1")
     assert (worker["subdomain"], worker["namespace"], worker["completion_index"]) == ("cassava", "ml", 1)
     assert {key: worker["labels"][key] for key in (
@@ -521,7 +560,7 @@ def test_pod_env_resolves_field_refs_and_references_as_the_kubelet_does():
             {"name": "JOB_COMPLETION_INDEX", "value": "mine"}]
     jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"][0]["args"] = [
         "--model-dir", "gs://bucket/$(JOBSET_NAME)/$(JOB_COMPLETION_INDEX)"]
-    pod = rehearsal_jobset.jobset_pods(jobset)[2]
+    pod = rehearsal_pods.jobset_pods(jobset)[2]
     # JOB_COMPLETION_INDEX is not yet defined where TASK refers to it, and the Job controller leaves
     # a container's own JOB_COMPLETION_INDEX alone; args see the whole environment.
     assert pod["env"]["TASK"] == "worker-$(JOB_COMPLETION_INDEX)-$(JOBSET_NAME)"
@@ -543,7 +582,7 @@ def test_pod_env_resolves_field_refs_and_references_as_the_kubelet_does():
 ])
 def test_what_jobset_pods_cannot_know_or_kubernetes_would_not_run_is_a_spec_error(change, message):
     with pytest.raises(jobspec.SpecError) as error:
-        rehearsal_jobset.jobset_pods(hand_written_with(change))
+        rehearsal_pods.jobset_pods(hand_written_with(change))
     assert str(error.value).startswith(message)
 
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from scripts import jobspec
-from scripts.rehearsal import jobset
+from scripts.rehearsal import runner
+from scripts.rehearsal.jobset import admission, controller, failure_policy, manifest as manifests, pods as jobset_pods
 from scripts.submit_job import build_parser, build_spec
 
 
@@ -29,31 +30,31 @@ def job_spec(manifest: dict, role: str) -> dict:
 def test_exit_codes_the_generated_policy_fails_at_once_and_those_it_counts():
     manifest = generated("--workers", "2")
     worker = job_spec(manifest, "worker")
-    assert jobset.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
-    assert jobset.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
+    assert failure_policy.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
+    assert failure_policy.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
     for signalled in (130, 137, 138, 143):
-        assert jobset.pod_failure_action(worker, signalled, disrupted=False) == "Count"
+        assert failure_policy.pod_failure_action(worker, signalled, disrupted=False) == "Count"
     # An eviction is counted for MWMS (every worker is needed), whatever the code.
-    assert jobset.pod_failure_action(worker, 1, disrupted=True) == "Count"
+    assert failure_policy.pod_failure_action(worker, 1, disrupted=True) == "Count"
 
 
 def test_a_pss_worker_evicted_is_recreated_uncounted():
     manifest = generated("--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator")
-    assert jobset.pod_failure_action(job_spec(manifest, "worker"), 143, disrupted=True) == "Ignore"
-    assert jobset.pod_failure_action(job_spec(manifest, "chief"), 143, disrupted=True) == "Count"
+    assert failure_policy.pod_failure_action(job_spec(manifest, "worker"), 143, disrupted=True) == "Ignore"
+    assert failure_policy.pod_failure_action(job_spec(manifest, "chief"), 143, disrupted=True) == "Count"
 
 
 def test_a_job_failed_by_policy_fails_the_jobset_and_others_restart_it():
     policy = generated("--workers", "1", "--max-restarts", "2")["spec"]["failurePolicy"]
-    assert jobset.jobset_failure_action(policy, "worker", "PodFailurePolicy") == "FailJobSet"
-    assert jobset.jobset_failure_action(policy, "worker", "BackoffLimitExceeded") == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(policy, "worker", "PodFailurePolicy") == "FailJobSet"
+    assert failure_policy.jobset_failure_action(policy, "worker", "BackoffLimitExceeded") == "RestartJobSet"
     targeted = {"rules": [{"action": "RestartJobSetAndIgnoreMaxRestarts", "targetReplicatedJobs": ["ps"]}]}
-    assert jobset.jobset_failure_action(targeted, "ps", "BackoffLimitExceeded") == "RestartJobSetAndIgnoreMaxRestarts"
-    assert jobset.jobset_failure_action(targeted, "worker", "BackoffLimitExceeded") == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(targeted, "ps", "BackoffLimitExceeded") == "RestartJobSetAndIgnoreMaxRestarts"
+    assert failure_policy.jobset_failure_action(targeted, "worker", "BackoffLimitExceeded") == "RestartJobSet"
 
 
 def test_pods_get_their_hostname_subdomain_and_job():
-    pods = jobset.pods_of(generated("--name", "demo", "--workers", "2", "--", "--epochs", "1"))
+    pods = jobset_pods.pods_of(generated("--name", "demo", "--workers", "2", "--", "--epochs", "1"))
     assert [(p.hostname, p.job, p.subdomain) for p in pods] == [
         ("demo-chief-0-0", "demo-chief-0", "demo"), ("demo-worker-0-0", "demo-worker-0", "demo"),
         ("demo-worker-0-1", "demo-worker-0", "demo")]
@@ -67,39 +68,39 @@ def test_claims_are_shared_and_other_volume_kinds_are_refused():
         pod_spec = rjob["template"]["spec"]["template"]["spec"]
         pod_spec["volumes"] = [{"name": "m", "persistentVolumeClaim": {"claimName": "models"}}, {"name": "s", "emptyDir": {}}]
         pod_spec["containers"][0]["volumeMounts"] = [{"name": "m", "mountPath": "/models"}, {"name": "s", "mountPath": "/scratch"}]
-    pods = jobset.pods_of(manifest)
+    pods = jobset_pods.pods_of(manifest)
     assert {tuple(p.mounts) for p in pods} == {(("models", "/models", False), (None, "/scratch", False))}
     manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"][0] = {
         "name": "m", "hostPath": {"path": "/data"}}
     with pytest.raises(jobspec.SpecError, match="hostPath"):
-        jobset.pods_of(manifest)
+        jobset_pods.pods_of(manifest)
 
 
 @pytest.mark.parametrize("text", ["demo-worker-0-0", "demo-worker-0-0@", "Demo@3", "demo@/(/", "demo@soon"])
 def test_a_bad_preempt_is_one_line(text):
     with pytest.raises(jobspec.SpecError, match="--preempt takes POD@SECONDS or POD@/REGEX/"):
-        jobset.parse_eviction(text)
+        controller.parse_eviction(text)
 
 
 def test_preempt_parses_seconds_and_patterns():
-    assert jobset.parse_eviction("demo-worker-0-1@40").seconds == 40
-    assert jobset.parse_eviction("demo-worker-0-1@/epoch 2/").pattern.pattern == "epoch 2"
+    assert controller.parse_eviction("demo-worker-0-1@40").seconds == 40
+    assert controller.parse_eviction("demo-worker-0-1@/epoch 2/").pattern.pattern == "epoch 2"
 
 
 def test_load_reads_the_first_jobset_and_refuses_the_rest(tmp_path):
     manifest = generated("--workers", "1")
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump({"kind": "ConfigMap", "apiVersion": "v1"}) + "---\n" + yaml.safe_dump(manifest))
-    assert jobset.load(str(path))["metadata"] == manifest["metadata"]
+    assert manifests.load(str(path))["metadata"] == manifest["metadata"]
     path.write_text(yaml.safe_dump({"kind": "ConfigMap"}))
     with pytest.raises(jobspec.SpecError, match="no JobSet"):
-        jobset.load(str(path))
+        manifests.load(str(path))
     path.write_text(yaml.safe_dump({**manifest, "apiVersion": "jobset.x-k8s.io/v1alpha1"}))
     with pytest.raises(jobspec.SpecError, match="v1alpha2"):
-        jobset.load(str(path))
+        manifests.load(str(path))
     path.write_text("kind: [")
     with pytest.raises(jobspec.SpecError):
-        jobset.load(str(path))
+        manifests.load(str(path))
 
 
 # --- JobSet's and Kubernetes' rules, against a run that records what the rules ask of it ----------
@@ -119,6 +120,12 @@ class RecordingRun:
 
     def started(self, key):
         return key in self.alive
+
+    def current(self, key):
+        return self.alive.get(key)
+
+    def send(self, container, signal_name):
+        self.stopped.append((container, signal_name))
 
     def stop(self, containers=None, wait=True):
         for container in list(self.alive.values()) if containers is None else containers:
@@ -148,7 +155,7 @@ def rules_for(manifest):
     import io
 
     output = io.StringIO()
-    rules = jobset.JobSetRules(manifest, Output(output), network="rehearsal-test")
+    rules = controller.JobSetRules(manifest, Output(output), network="rehearsal-test")
     return rules, output
 
 
@@ -167,12 +174,12 @@ def hand_written(restart_policy="Never", **job_spec):
 def test_a_restarted_jobsets_pods_read_the_new_restart_attempt_through_the_downward_api():
     """The Jobs of attempt N carry restart-attempt N (labelAndAnnotateObject): the downward API
     gives the new value, not the first attempt's."""
-    assert {pod.env["ATTEMPT"] for pod in jobset.pods_of(hand_written(), restart_attempt=3)} == {"3"}
+    assert {pod.env["ATTEMPT"] for pod in jobset_pods.pods_of(hand_written(), restart_attempt=3)} == {"3"}
     rules, _ = rules_for(hand_written())
     run = RecordingRun()
     rules.begin(run, 0)
     assert {c.env["ATTEMPT"] for c, _ in run.launched} == {"0"}
-    assert isinstance(run.exit(rules, "demo-main-0-0", 1), jobset.Restart)
+    assert isinstance(run.exit(rules, "demo-main-0-0", 1), runner.Restart)
     run.launched.clear()
     rules.begin(run, 1)
     assert {c.env["ATTEMPT"] for c, _ in run.launched} == {"1"}
@@ -191,10 +198,10 @@ def test_restarts_that_ignore_max_restarts_are_not_counted_towards_it():
     run = RecordingRun()
     for attempt in range(3):  # three uncounted restarts: maxRestarts 1 is never reached
         rules.begin(run, attempt)
-        assert isinstance(run.exit(rules, "demo-main-0-1", 143), jobset.Restart)
+        assert isinstance(run.exit(rules, "demo-main-0-1", 143), runner.Restart)
     assert (rules.restarts, rules.restarts_counted) == (3, 0)
     rules.begin(run, 3)
-    assert isinstance(run.exit(rules, "demo-main-0-1", 3), jobset.Restart)  # counted: 1 of 1
+    assert isinstance(run.exit(rules, "demo-main-0-1", 3), runner.Restart)  # counted: 1 of 1
     rules.begin(run, 4)
     outcome = run.exit(rules, "demo-main-0-1", 3)
     assert outcome.code == 3 and outcome.message.endswith("(maxRestarts 1 reached)"), outcome
@@ -205,15 +212,15 @@ def test_failure_rules_match_the_job_conditions_message_as_kubernetes_writes_it(
     manifest = hand_written()
     job_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
     job_spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [143]}}]}
-    pod = jobset.pods_of(manifest)[1]
-    message = jobset.pod_failure_message(job_spec, 42, False, pod, "default")
+    pod = jobset_pods.pods_of(manifest)[1]
+    message = failure_policy.pod_failure_message(job_spec, 42, False, pod, "default")
     assert message == f"Container c for pod default/{pod.name} failed with exit code 42 matching FailJob rule at index 0"
     policy = {"rules": [{"name": "oom", "action": "FailJobSet", "onJobFailureMessagePatterns": [r"exit code (42|137)\b"]}]}
-    assert jobset.jobset_failure_action(policy, "main", "PodFailurePolicy", message) == "FailJobSet"
-    assert jobset.jobset_failure_action(policy, "main", "PodFailurePolicy", message.replace("42", "1")) == "RestartJobSet"
-    assert jobset.jobset_failure_action(policy, "main", "BackoffLimitExceeded", jobset.BACKOFF_MESSAGE) == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(policy, "main", "PodFailurePolicy", message) == "FailJobSet"
+    assert failure_policy.jobset_failure_action(policy, "main", "PodFailurePolicy", message.replace("42", "1")) == "RestartJobSet"
+    assert failure_policy.jobset_failure_action(policy, "main", "BackoffLimitExceeded", failure_policy.BACKOFF_MESSAGE) == "RestartJobSet"
     broken = {"rules": [{"name": "bad", "action": "FailJobSet", "onJobFailureMessagePatterns": ["("]}]}
-    assert jobset.jobset_failure_action(broken, "main", "PodFailurePolicy", message) == "RestartJobSet"  # never matches
+    assert failure_policy.jobset_failure_action(broken, "main", "PodFailurePolicy", message) == "RestartJobSet"  # never matches
 
 
 @pytest.mark.parametrize("action", ["RestartJob", "RestartJobAndIgnoreMaxRestarts"])
@@ -221,7 +228,7 @@ def test_restart_job_is_refused_as_the_webhook_refuses_it_with_its_feature_gate_
     manifest = hand_written()
     manifest["spec"]["failurePolicy"]["rules"] = [{"name": "one", "action": action}]
     with pytest.raises(jobspec.SpecError, match=f"action {action}: JobSet's webhook refuses it while the RestartJob feature gate is off"):
-        jobset.admitted(manifest)
+        admission.admitted(manifest)
 
 
 @pytest.mark.parametrize("strategy, blocking", [(None, False), ("Recreate", False), ("BlockingRecreate", True)])
@@ -232,7 +239,7 @@ def test_recreate_starts_new_pods_beside_the_old_ones_and_blocking_recreate_wait
     rules, _ = rules_for(manifest)
     run = RecordingRun()
     rules.begin(run, 0)
-    assert run.exit(rules, "demo-main-0-0", 1) == jobset.Restart(blocking=blocking)
+    assert run.exit(rules, "demo-main-0-0", 1) == runner.Restart(blocking=blocking)
 
 
 def test_no_restart_policy_is_onfailure_which_kubernetes_refuses_beside_a_pod_failure_policy():
@@ -240,8 +247,8 @@ def test_no_restart_policy_is_onfailure_which_kubernetes_refuses_beside_a_pod_fa
         {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}]})
     with pytest.raises(jobspec.SpecError, match="podFailurePolicy needs the pod template's restartPolicy Never; it is "
                                                 r"OnFailure \(defaulted to OnFailure by JobSet's webhook"):
-        jobset.admitted(manifest)
-    assert jobset.admitted(hand_written(restart_policy=None))["spec"]["replicatedJobs"][0]["template"]["spec"][
+        admission.admitted(manifest)
+    assert admission.admitted(hand_written(restart_policy=None))["spec"]["replicatedJobs"][0]["template"]["spec"][
         "template"]["spec"]["restartPolicy"] == "OnFailure"
 
 
@@ -257,10 +264,10 @@ def test_under_onfailure_the_kubelet_restarts_the_container_in_place_after_its_b
     assert rules.tick(run, time.monotonic()) is None and len(run.launched) == 2  # not before its back-off
     assert rules.tick(run, time.monotonic() + 11) is None
     assert run.launched[-1] == (first, False)  # the same container, started again: the same pod and name
-    assert jobset.crash_loop_delay(2) == 20 and jobset.crash_loop_delay(20) == 300
+    assert failure_policy.crash_loop_delay(2) == 20 and failure_policy.crash_loop_delay(20) == 300
     assert run.exit(rules, "demo-main-0-1", 1) is None
     rules.tick(run, time.monotonic() + 100)
-    assert isinstance(run.exit(rules, "demo-main-0-1", 1), jobset.Restart)  # 3 restarts reach backoffLimit 3
+    assert isinstance(run.exit(rules, "demo-main-0-1", 1), runner.Restart)  # 3 restarts reach backoffLimit 3
 
 
 def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
@@ -272,7 +279,7 @@ def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
     rules.begin(run, 0)
     assert rules.tick(run, time.monotonic() + 5) is None
     outcome = rules.tick(run, time.monotonic() + 16)
-    assert outcome.code == jobset.DEADLINE_EXIT and "(DeadlineExceeded)" in outcome.message, outcome
+    assert outcome.code == controller.DEADLINE_EXIT and "(DeadlineExceeded)" in outcome.message, outcome
     assert "FailJobSet, rule timeLimit" in outcome.message
     assert {c.key for c in run.stopped} == {"demo-main-0-0", "demo-main-0-1"} and not run.running()
 
@@ -297,7 +304,7 @@ def test_each_new_pod_gets_a_name_with_five_random_characters():
     first = run.last["demo-main-0-0"]
     assert re.fullmatch(r"demo-main-0-0-[bcdfghjklmnpqrstvwxz2456789]{5}", first.env["POD"])
     assert first.name == f"rehearsal-test-{first.env['POD']}"
-    evicted = jobset.Fault("demo-main-0-0", jobset.EVICTION)
+    evicted = runner.Fault("demo-main-0-0", controller.EVICTION)
     assert run.exit(rules, "demo-main-0-0", 143, evicted) is None  # Ignore: the Job replaces the pod
     second = run.last["demo-main-0-0"]
     assert second.env["POD"] != first.env["POD"] and second.hostname == first.hostname
@@ -322,7 +329,7 @@ def test_jobset_pods_get_the_same_cloud_storage_as_vertex_replicas():
     pod_spec["volumes"] = [{"name": "data", "csi": {"driver": "gcsfuse.csi.storage.gke.io",
                                                     "volumeAttributes": {"bucketName": "my-data"}}}]
     pod_spec["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data", "readOnly": True}]
-    rules = jobset.JobSetRules(manifest, Output(), network="rehearsal-test", bucket_directory=lambda b: f"/files/{b}")
+    rules = controller.JobSetRules(manifest, Output(), network="rehearsal-test", bucket_directory=lambda b: f"/files/{b}")
     run = Run(session, "rehearsal-test", hosts=rules.hosts())
     run.open()
     arguments = run.create_arguments(rules.container(run, rules.pods[0]))
@@ -351,7 +358,7 @@ def test_pods_that_end_in_the_same_poll_meet_the_success_policy_together():
     run = RecordingRun()
     rules.begin(run, 0)
     outcome = run.poll(rules, {key: 0 for key in list(run.alive)})
-    assert isinstance(outcome, jobset.Outcome) and outcome.code == 0, outcome
+    assert isinstance(outcome, runner.Outcome) and outcome.code == 0, outcome
 
 
 def test_pods_still_running_after_a_poll_keep_the_jobset_waiting():
@@ -401,16 +408,309 @@ def test_what_the_webhook_or_kubernetes_refuses_is_refused_before_anything_runs(
     manifest = ordered()
     change(manifest)
     with pytest.raises(jobspec.SpecError) as error:
-        jobset.admitted(manifest)
+        admission.admitted(manifest)
     assert str(error.value).startswith(message), error.value
 
 
 def test_the_start_names_every_field_of_the_jobset_the_rehearsal_does_not_apply():
     manifest = generated("--workers", "1", "--spot", "--queue", "team-a")
-    line = jobset.not_emulated(manifest)
+    line = manifests.not_emulated(manifest)
     for field in ("metadata.labels.kueue.x-k8s.io/queue-name=team-a",
                   "spec.replicatedJobs[0,1].template.spec.template.spec.nodeSelector.cloud.google.com/gke-spot=true",
                   "spec.replicatedJobs[0,1].template.spec.template.spec.tolerations[0].effect=NoSchedule"):
         assert field in line, (field, line)
     for emulated in ("image", "env", "podFailurePolicy", "failurePolicy", "restartPolicy", "completions"):
         assert emulated not in line, (emulated, line)
+
+
+def one_job(**job_spec) -> dict:
+    """A JobSet of one replicatedJob `main` whose Job spec sets only `job_spec`."""
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "demo"},
+            "spec": {"replicatedJobs": [{"name": "main", "template": {"spec": {
+                **job_spec, "template": {"spec": {"containers": [{"name": "c", "image": "img:1"}]}}}}}]}}
+
+
+@pytest.mark.parametrize("job_spec, completions, parallelism", [
+    ({}, 1, 1),  # neither set: a non-parallel Job (SetDefaults_Job)
+    ({"completions": 3, "parallelism": 3}, 3, 3),
+    ({"completions": 1}, 1, 1),  # parallelism alone defaults to 1
+    ({"completions": 2, "parallelism": 5}, 2, 5),
+])
+def test_kubernetes_defaults_completions_and_parallelism_of_a_job_that_sets_neither(job_spec, completions, parallelism):
+    admitted = admission.admitted(one_job(**job_spec))["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert (admitted["completions"], admitted["parallelism"]) == (completions, parallelism)
+    assert [pod.hostname for pod in jobset_pods.pods_of(one_job(**job_spec))] == [f"demo-main-0-{i}" for i in range(completions)]
+
+
+@pytest.mark.parametrize("job_spec, refusal", [
+    ({"parallelism": 2}, "spec.completions: Required value: when completion mode is Indexed"),
+    ({"completions": 2}, "parallelism 1 starts only that many of its 2 pods"),  # parallelism defaulted to 1
+])
+def test_a_job_kubernetes_leaves_without_completions_or_short_of_parallelism_is_refused(job_spec, refusal):
+    with pytest.raises(runner.RehearsalError, match=re.escape(refusal)):
+        jobset_pods.pods_of(one_job(**job_spec))
+
+
+@pytest.mark.parametrize("policy, complete, met", [
+    ({}, ["a", "b"], False),  # All, no targets: every Job of every replicatedJob (a has 2)
+    ({}, ["a", "a", "b"], True),
+    ({"operator": "Any"}, ["b"], True),
+    ({"operator": "Any", "targetReplicatedJobs": ["a"]}, ["b"], False),
+    ({"operator": "All", "targetReplicatedJobs": ["b"]}, ["b"], True),
+    ({"operator": "All", "targetReplicatedJobs": ["a"]}, ["a", "b"], False),
+])
+def test_the_success_policy_counts_the_complete_jobs_of_its_targets(policy, complete, met):
+    from scripts.rehearsal.jobset import success_policy
+
+    assert success_policy.met(policy, {"a": 2, "b": 1}, complete) is met
+
+
+@pytest.mark.parametrize("status, counts, reached", [
+    ("Complete", dict(ready=0, succeeded=2, failed=0), True),
+    ("Complete", dict(ready=1, succeeded=1, failed=0), False),
+    ("Ready", dict(ready=1, succeeded=1, failed=0), True),
+    ("Ready", dict(ready=0, succeeded=0, failed=2), True),  # a failed Job is the failurePolicy's to judge
+    ("Ready", dict(ready=1, succeeded=0, failed=0), False),
+])
+def test_a_dependency_is_reached_as_jobsets_depends_on_counts_its_jobs(status, counts, reached):
+    from scripts.rehearsal.jobset import depends_on
+
+    assert depends_on.reached(status, 2, **counts) is reached
+
+
+def test_in_order_startup_waits_for_the_replicated_job_before_as_depends_on_ready():
+    from scripts.rehearsal.jobset import depends_on
+
+    spec = {"startupPolicy": {"startupPolicyOrder": "InOrder"}, "replicatedJobs": [
+        {"name": "driver"}, {"name": "workers", "dependsOn": [{"name": "driver", "status": "Complete"}]}, {"name": "ps"}]}
+    assert depends_on.requirements(spec) == {"driver": [], "workers": [("driver", "Complete"), ("driver", "Ready")],
+                                             "ps": [("workers", "Ready")]}
+    spec["startupPolicy"] = {"startupPolicyOrder": "AnyOrder"}
+    assert depends_on.requirements(spec)["ps"] == []
+
+
+@pytest.mark.parametrize("text, expanded", [
+    ("$(A)", "a"),
+    ("x-$(A)-$(B)-y", "x-a-b-y"),
+    ("$$(A)", "$(A)"),  # $$ escapes
+    ("$$$(A)", "$a"),
+    ("$$$$(A)", "$$(A)"),
+    ("$(UNSET)", "$(UNSET)"),  # left as written
+    ("$(A$(B))", "$(A$(B))"),  # the name runs to the first ')': "A$(B" is no variable
+    ("$(a b)", "$(a b)"),
+    ("tail $(A", "tail $(A"),  # never closed
+    ("$($($(A)", "$($($(A)"),  # the first '$(' reads up to the ')': the name "$($(A" is no variable
+    ("$( $(A)", "$( $(A)"),
+    ("$A ${A} $? 100$", "$A ${A} $? 100$"),  # shell syntax and a trailing '$' pass through
+    ("$(EMPTY)end", "end"),
+])
+def test_dependent_variables_expand_as_kubernetes_expansion_reads_them(text, expanded):
+    from scripts.rehearsal.jobset.environment import expand
+
+    assert expand(text, {"A": "a", "B": "b", "EMPTY": ""}) == expanded
+
+
+def test_the_completion_index_annotation_and_jobset_labels_reach_env_and_args_through_the_downward_api():
+    manifest = one_job(completions=2, parallelism=2)
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "EARLY", "value": "$(INDEX)"},  # INDEX is defined after it: left as written
+        {"name": "INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "RJOB", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']"}}},
+        {"name": "TASK", "value": "$(RJOB)-$(INDEX) costs $$5"}]
+    container["args"] = ["--task=$(TASK)", "--index=$(JOB_COMPLETION_INDEX)"]
+    second = jobset_pods.pods_of(manifest)[1]
+    assert (second.env["EARLY"], second.env["INDEX"], second.env["TASK"]) == ("$(INDEX)", "1", "main-1 costs $5")
+    assert second.args == ["--task=main-1 costs $5", "--index=1"]
+
+
+# --- Readiness and startup probes, as the kubelet runs them ------------------------------------------
+
+def probe_of(kind="readinessProbe", **spec):
+    from scripts.rehearsal.jobset import probes
+
+    container = {"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}
+    return probes.parse(kind, spec or {"exec": {"command": ["true"]}}, container, "pod p container c")
+
+
+def test_a_probe_gets_kubernetes_defaults_and_a_named_port_its_number():
+    probe = probe_of(httpGet={"port": "http", "path": "healthz"})
+    assert (probe.handler, probe.port, probe.path, probe.scheme) == ("httpGet", 8080, "/healthz", "HTTP")
+    assert (probe.initial_delay, probe.timeout, probe.period, probe.success_threshold, probe.failure_threshold) == (
+        0, 1, 10, 1, 3)
+
+
+@pytest.mark.parametrize("kind, spec, refusal", [
+    ("readinessProbe", {"exec": {"command": ["true"]}, "tcpSocket": {"port": 1}}, "must have exactly one of"),
+    ("readinessProbe", {"initialDelaySeconds": 5}, "must have exactly one of"),
+    ("readinessProbe", {"grpc": {"port": 9000}}, "grpc probes are not emulated"),
+    ("startupProbe", {"exec": {"command": ["true"]}, "successThreshold": 2}, "successThreshold must be 1"),
+    ("readinessProbe", {"tcpSocket": {"port": "metrics"}}, "'metrics' names no port"),
+    ("readinessProbe", {"exec": {"command": ["true"]}, "periodSeconds": 0}, "periodSeconds 0 must be an integer of at least 1"),
+])
+def test_a_probe_kubernetes_would_refuse_is_refused_in_one_line(kind, spec, refusal):
+    with pytest.raises(runner.RehearsalError, match=re.escape(refusal)):
+        probe_of(kind, **spec)
+
+
+@pytest.mark.parametrize("offsets, probed", [
+    # initialDelaySeconds 30, periodSeconds 10: the ticker fires at 0, 10, 20, 30, ... after the
+    # start; a tick probes once the container has run 30 whole seconds.
+    ([0, 10, 20, 29.9], [False, False, False, False]),
+    ([0, 30.2], [False, True]),
+    ([30.2, 31, 39.9, 40.3], [True, False, False, True]),  # between ticks, nothing
+])
+def test_a_readiness_probe_runs_on_its_ticks_after_its_initial_delay(offsets, probed):
+    from scripts.rehearsal.jobset import probes
+
+    worker = probes.ProbeWorker(probe_of(exec={"command": ["true"]}, initialDelaySeconds=30), started_at=1000.0)
+    assert [worker.due(1000.0 + offset, container_started=True) for offset in offsets] == probed
+
+
+@pytest.mark.parametrize("results, states", [
+    ([True], [True]),  # successThreshold 1
+    ([False, False, False], [False, False, False]),  # readiness starts failed
+    ([True, False, False, True, False, False, False], [True, True, True, True, True, True, False]),  # failureThreshold 3 in a row
+])
+def test_a_probes_state_changes_only_after_its_threshold_in_a_row(results, states):
+    from scripts.rehearsal.jobset import probes
+
+    worker = probes.ProbeWorker(probe_of(), started_at=0.0)
+    seen = []
+    for result in results:
+        worker.record(result)
+        seen.append(worker.state)
+    assert seen == states
+
+
+def test_readiness_waits_for_the_startup_probe_then_runs_at_once():
+    from scripts.rehearsal.jobset import probes
+
+    startup = probe_of("startupProbe", exec={"command": ["true"]}, initialDelaySeconds=5)
+    readiness = probe_of(exec={"command": ["true"]}, periodSeconds=10)
+    container = probes.ContainerProbes.start((startup, readiness), started_at=0.0)
+    assert container.due(0.0) == [] and not container.started and not container.ready  # both wait: startup its delay
+    assert container.due(10.0) == [startup]  # the readiness worker's tick at 10 is skipped: not started
+    container.workers["startupProbe"].record(True)
+    assert container.started and not container.ready
+    assert container.due(10.5) == [readiness]  # between its ticks: the status update that sees the start runs it
+    container.workers["readinessProbe"].record(True)
+    assert container.ready and container.due(20.0) == [readiness]  # the startup worker has nothing more to do
+
+
+def test_a_failed_startup_probe_holds_until_a_new_container():
+    from scripts.rehearsal.jobset import probes
+
+    worker = probes.ProbeWorker(probe_of("startupProbe", exec={"command": ["false"]}, failureThreshold=2), started_at=0.0)
+    assert worker.due(0.0, False) and not worker.record(False)
+    assert worker.due(10.0, False) and worker.record(False) and worker.state is False
+    assert not worker.due(20.0, False)
+
+
+def probed_jobset(order="dependsOn"):
+    """startup-driver-ready's shape: a driver whose readinessProbe waits 30 s, then its workers."""
+    driver = {"name": "driver", "template": {"spec": {"template": {"spec": {"containers": [
+        {"name": "sleep", "image": "img:1", "command": ["sleep", "1000s"],
+         "readinessProbe": {"exec": {"command": ["echo", "ready"]}, "initialDelaySeconds": 30}}]}}}}}
+    workers = {"name": "workers", "template": {"spec": {"completions": 2, "parallelism": 2, "template": {"spec": {
+        "containers": [{"name": "sleep", "image": "img:1", "command": ["sleep", "100s"]}]}}}}}
+    spec = {"replicatedJobs": [driver, workers]}
+    if order == "dependsOn":
+        workers["dependsOn"] = [{"name": "driver", "status": "Ready"}]
+    else:
+        spec["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "demo"}, "spec": spec}
+
+
+@pytest.mark.parametrize("order", ["dependsOn", "InOrder"])
+def test_a_replicated_job_waits_until_its_dependencys_readiness_probe_succeeds(order):
+    rules, output = rules_for(probed_jobset(order))
+    probed = []
+    rules.spawn = lambda task: task()  # each probe at once, in this thread
+    rules.run_probe = lambda run, name, probe: probed.append(probe.command) or True
+    run = RecordingRun()
+    started = time.monotonic()
+    rules.begin(run, 0)
+    for offset in (0, 10, 20, 29.5):
+        rules.tick(run, started + offset)
+    assert [c.key for c, _ in run.launched] == ["demo-driver-0-0"] and probed == []  # running is not Ready
+    rules.tick(run, started + 30.5)  # the probe runs; its result is read on the next poll
+    rules.tick(run, started + 30.7)
+    assert probed == [("echo", "ready")]
+    assert [c.key for c, _ in run.launched] == ["demo-driver-0-0", "demo-workers-0-0", "demo-workers-0-1"]
+    assert "demo-driver-0-0: Ready (readinessProbe succeeded)" in output.getvalue()
+
+
+def test_the_first_line_no_longer_names_readiness_or_startup_probes():
+    manifest = probed_jobset()
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["startupProbe"] = {"tcpSocket": {"port": 80}}
+    container["livenessProbe"] = {"exec": {"command": ["true"]}}
+    line = manifests.not_emulated(manifest)
+    assert "readinessProbe" not in line and "startupProbe" not in line and "livenessProbe" in line
+
+
+@pytest.fixture
+def status_server():
+    """A server on loopback answering GET /STATUS with that status, recording each request's headers."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(dict(self.headers))
+            self.send_response(int(self.path.strip("/")))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status, success", [(200, True), (302, True), (399, True), (404, False), (500, False)])
+def test_an_http_probe_succeeds_on_a_status_from_200_to_399(status_server, status, success):
+    from scripts.rehearsal.jobset import prober
+
+    port, seen = status_server
+    probe = probe_of(httpGet={"port": port, "path": f"/{status}", "httpHeaders": [{"name": "X-Probe", "value": "1"}]})
+    assert prober.succeeds(probe, engine=None, container="c", address="127.0.0.1") is success
+    assert seen[-1]["User-Agent"].startswith("kube-probe/") and seen[-1]["X-Probe"] == "1"
+
+
+def test_tcp_and_http_probes_fail_where_nothing_listens(status_server):
+    from scripts.rehearsal.jobset import prober
+    from scripts.rehearsal.local_gcs.launcher import free_port
+
+    port, _ = status_server
+    closed = free_port()
+    assert prober.succeeds(probe_of(tcpSocket={"port": port}), None, "c", "127.0.0.1")
+    assert not prober.succeeds(probe_of(tcpSocket={"port": closed}), None, "c", "127.0.0.1")
+    assert not prober.succeeds(probe_of(httpGet={"port": closed}), None, "c", "127.0.0.1")
+
+
+@pytest.mark.parametrize("outcome, success", [(0, True), (1, False), ("timeout", False)])
+def test_an_exec_probe_runs_in_the_container_and_succeeds_on_exit_0(outcome, success):
+    import subprocess
+
+    from scripts.rehearsal.jobset import prober
+
+    class Engine:
+        def run(self, *args, timeout=None):
+            self.args, self.timeout = args, timeout
+            if outcome == "timeout":
+                raise subprocess.TimeoutExpired(list(args), timeout)
+            return subprocess.CompletedProcess(list(args), outcome, "", "")
+
+    engine = Engine()
+    probe = probe_of(exec={"command": ["cat", "/tmp/ready"]}, timeoutSeconds=2)
+    assert prober.succeeds(probe, engine, "rehearsal-x-pod", "") is success
+    assert (engine.args, engine.timeout) == (("exec", "rehearsal-x-pod", "cat", "/tmp/ready"), 2)

