@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.rehearsal import jobset as rehearsal_jobset
+from scripts.rehearsal.jobset import identity as rehearsal_identity
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -574,7 +574,7 @@ def kubectl_line_errors(line: KubectlLine) -> list[str]:
     outer = shlex.split(SUBSTITUTION.sub("SUBSTITUTED", text), comments=True)
     verb, rest = outer[1], outer[2:]
     manifest = jobset_of(line.jobset_command) if line.jobset_command is not None else None
-    identities = rehearsal_jobset.pod_identities(manifest) if manifest else []
+    identities = rehearsal_identity.pod_identities(manifest) if manifest else []
     jobs = {pod["job"] for pod in identities}
     if verb == "apply":
         target = option_value(rest, "-f", "--filename")
