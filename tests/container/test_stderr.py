@@ -68,4 +68,4 @@ def test_sigterm_to_the_container_reaches_the_trainer_through_the_relay(engine, 
         process.kill()
         subprocess.run([tool, "rm", "-f", name], env=env, capture_output=True, timeout=60)
     assert process.returncode == 143, "".join(seen)[-2000:] + stdout[-2000:] + stderr[-3000:]
-    assert re.search(r"^trainer\.task: preempted \(SIGTERM\): saved a backup", stderr, re.M), stderr[-3000:]
+    assert re.search(r"^cassava\.task: preempted \(SIGTERM\): saved a backup", stderr, re.M), stderr[-3000:]

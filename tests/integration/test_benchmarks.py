@@ -181,7 +181,7 @@ def test_serving_load_benchmark_runs_the_server_beside_the_ceiling_and_writes_it
                             capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    ceilings = [float(c) for c in re.findall(r"^ceiling \(trainer\.predict in-process, batches of 32\): (\d+\.\d\d) "
+    ceilings = [float(c) for c in re.findall(r"^ceiling \(serving\.predict in-process, batches of 32\): (\d+\.\d\d) "
                                              r"images/s$", result.stdout, re.M)]
     assert len(ceilings) == 3 and min(ceilings) > 0, result.stdout  # before, between and after the two levels
     levels = re.findall(r"^concurrency (\d+): (\d+\.\d\d) requests/s, (\d+\.\d\d) images/s, p50 (\d+) ms, p99 (\d+) ms, "

@@ -22,7 +22,7 @@ SHORT_RETRIES = {"GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "50000", "GCS_RETRY_CONF
 
 
 def error_lines(text: str) -> list[str]:
-    return re.findall(r"^(?:\[\S+\] )?trainer\.task: error: (.*)$", text, re.M)
+    return re.findall(r"^(?:\[\S+\] )?cassava\.task: error: (.*)$", text, re.M)
 
 
 def task(data_root, gcs, bucket: str, *args, extra_env=None):
