@@ -226,5 +226,11 @@ def accuracy_meaning(logs: dict, num_classes: int) -> str | None:
 
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python -m cassava.task`'s work in this process, for callers that set up the process
+    themselves (tests under tfds's mock data, say); returns the exit code."""
+    return fit.main(CassavaTask(), argv, prog="python -m cassava.task")
+
+
 if __name__ == "__main__":
     fit.run(CassavaTask())
