@@ -222,7 +222,3 @@ def scan_files(files: Iterable[str]) -> list[FileSummary]:
     files = list(files)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
         return list(pool.map(scan_file, files))
-
-
-def count_records(files: Iterable[str]) -> int:
-    return sum(summary.examples for summary in scan_files(files))

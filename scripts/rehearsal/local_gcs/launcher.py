@@ -17,6 +17,7 @@ from typing import Callable
 from scripts.rehearsal.local_gcs.ca import GOOGLE_HOSTS, ca_variables, make_certificates, system_ca_bundle
 from scripts.rehearsal.local_gcs.faults import Fault
 from scripts.rehearsal.local_gcs.front import Front
+from trainer import stopping
 
 
 def fake_gcs_server_binary() -> str:
@@ -162,12 +163,7 @@ class LocalGCS:
             self.front.close()
             self.front = None
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            stopping.stop([self._process], grace=10)
             self._process = None
         if getattr(self, "_log", None) is not None:
             self._log.close()
