@@ -6,8 +6,21 @@ import tomllib
 
 import pytest
 
-from conftest import TIER_TIMEOUTS, pytest_collection_modifyitems
 from helpers import REPO
+
+
+def top_conftest():
+    """tests/conftest.py itself: in a whole run the module named `conftest` may be a tier's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tests_top_conftest", REPO / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CONFTEST = top_conftest()
+TIER_TIMEOUTS, pytest_collection_modifyitems = _CONFTEST.TIER_TIMEOUTS, _CONFTEST.pytest_collection_modifyitems
 
 TESTS = REPO / "tests"
 # Code a tier's tests call, besides their own folder (conftest.py is left out: fixtures run outside
