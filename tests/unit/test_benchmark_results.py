@@ -78,6 +78,16 @@ def test_when_most_rounds_mix_regimes_the_ratio_comes_from_cpu_per_image():
     assert "CPU seconds per image" in comparison.describe()
 
 
+def test_rounds_where_the_two_had_different_cores_give_no_wall_ratio():
+    # Every round is steady for each configuration (nothing flagged), but the lab had one core and
+    # the other two: the wall ratio would credit the cores, so it comes from CPU per image.
+    table = {"lab": [sample(10, 1.0)] * 3, "mine": [sample(30, 2.0)] * 3}
+    assert rounds.clean_rounds(table) == [True, True, True]
+    comparison = rounds.compare(table, "lab", "mine")
+    assert comparison.measure == "cpu" and comparison.clean_rounds == 0
+    assert abs(comparison.value - 1.5) < 1e-9 and "same cores" in comparison.describe()
+
+
 def test_a_sample_is_its_cores_and_rates():
     s = rounds.Sample(wall=2.0, cpu=3.0, images=30, others=0.5, steal=0.0)
     assert (s.rate, s.cpu_per_image, s.cores) == (15.0, 0.1, 1.5)
