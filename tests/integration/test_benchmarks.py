@@ -186,34 +186,55 @@ def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(t
 
 
 def test_serving_load_benchmark_runs_the_server_beside_the_ceiling_and_writes_its_results_file(tmp_path):
-    """Tiny sizes and seconds: the machinery (the export, the server, the clients at each concurrency,
-    the ceiling before and after, the soak's memory samples, the ratios and the file), not the speed."""
+    """Tiny sizes and seconds: the machinery (the export, the model alone at each batch size, the
+    request decoding, the server, the clients at each concurrency with their CPU and the machine's
+    load, the ceiling before and after, the flags, the soak's memory samples, the ratios and the
+    file), not the speed."""
     argv = ["--architecture", "small", "--image-size", "32", "--images", "4", "--concurrency", "1,3", "--seconds", "1",
-            "--soak-seconds", "3", "--results-dir", str(tmp_path)]
+            "--batch-sizes", "1,4", "--soak-seconds", "3", "--results-dir", str(tmp_path)]
     days = {datetime.date.today().isoformat()}
     result = subprocess.run([sys.executable, "benchmarks/serving_load.py", *argv],
                             capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
     days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    ceilings = [float(c) for c in re.findall(r"^ceiling \(trainer\.predict in-process, batches of 32\): (\d+\.\d\d) "
+    ceilings = [float(c) for c in re.findall(r"^ceiling \(serving\.predict in-process, batches of 32\): (\d+\.\d\d) "
                                              r"images/s$", result.stdout, re.M)]
     assert len(ceilings) == 3 and min(ceilings) > 0, result.stdout  # before, between and after the two levels
     levels = re.findall(r"^concurrency (\d+): (\d+\.\d\d) requests/s, (\d+\.\d\d) images/s, p50 (\d+) ms, p99 (\d+) ms, "
                         r"0 errors$", result.stdout, re.M)
     assert [level[0] for level in levels] == ["1", "3"], result.stdout
-    summary = re.search(r"^summary: c1_over_ceiling=(\d+\.\d\d) c3_over_ceiling=(\d+\.\d\d) soak_errors=0 "
+    rows = re.findall(r"^\| server, concurrency (\d+) \| (\d+\.\d\d) \| (\d+\.\d\d) \| (\d+) \| (\d+) \| 0 \| (\d+\.\d\d) \| "
+                      r"x(\d+\.\d\d) \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d\d) \| (\d+\.\d\d) \| (\d+\.\d) \| (yes|no) \|$",
+                      result.stdout, re.M)
+    assert [row[0] for row in rows] == ["1", "3"], result.stdout
+    summary = re.search(r"^summary: ((?:c\d+_over_ceiling=\d+\.\d\d )*)left_out=(none|[c\d,]+) soak_errors=0 "
                         r"soak_rss_growth_mb=(-?\d+\.\d)$", result.stdout, re.M)
     assert summary, result.stdout
-    for index, ((_, requests, images, p50, p99), ratio) in enumerate(zip(levels, summary.groups()[:2])):
-        assert requests == images and int(p50) <= int(p99)  # one image per request
-        around = (ceilings[index] + ceilings[index + 1]) / 2  # the ceilings measured before and after the level
-        assert abs(float(ratio) - float(images) / around) < 0.011 * max(1, float(ratio))
+    kept = dict(re.findall(r"c(\d+)_over_ceiling=(\d+\.\d\d)", summary.group(1)))
+    # A row is flagged when others used more than the stated share; the summary gives the rest.
+    limit = float(re.search(r"more than \d+% of the CPUs \((\d+\.\d\d) cores\)", result.stdout).group(1))
+    others = [float(o) for o in re.findall(r"\(others (\d+\.\d\d) cores\)", result.stdout)]
+    for index, ((concurrency, requests, images, p50, p99, around, ratio, server_ms, clients_ms, server_cores, row_others,
+                 _, flag), level) in enumerate(zip(rows, levels)):
+        assert (requests, images) == level[1:3] and requests == images and int(p50) <= int(p99)  # one image per request
+        assert abs(float(around) - (ceilings[index] + ceilings[index + 1]) / 2) < 0.011
+        assert abs(float(ratio) - float(images) / float(around)) < 0.011 * max(1, float(ratio))
+        assert float(server_ms) > 0 and float(clients_ms) > 0 and float(server_cores) > 0
+        should = max(float(row_others), others[index], others[index + 1]) > limit
+        assert (flag == "yes") == should or abs(max(float(row_others), others[index], others[index + 1]) - limit) < 0.006
+        assert (concurrency in kept) == (flag == "no") and (flag == "no" or f"c{concurrency}" in summary.group(2))
+        if flag == "no":
+            assert kept[concurrency] == ratio
+    batches = re.findall(r"^\| (\d+) \| (\d+\.\d\d) \| (\d+\.\d) \|$", result.stdout, re.M)
+    assert [b[0] for b in batches] == ["1", "4"] and all(float(b[1]) > 0 for b in batches), result.stdout
+    assert re.search(r"^request decoding \(JSON, base64, header checks\): \d+\.\d\d CPU ms/request$", result.stdout, re.M)
     soak = re.search(r"^Soak: 3 s at concurrency 3: (\d+) requests, 0 errors, .*server memory (\d+) MB after the first "
                      r"tenth, (\d+) MB at the end \(growth ([+-]\d+\.\d) MB, bound 64 MB\): ok\.$", result.stdout, re.M)
     assert soak and int(soak.group(1)) > 0 and int(soak.group(2)) > 100, result.stdout  # a TensorFlow process's memory
     assert soak.group(4) == f"{float(summary.group(3)):+.1f}"
     text = results_file(tmp_path, "serving_load", result.stdout, argv, days)
     assert summary.group(0) in text and soak.group(0) in text and "| server, concurrency 3 |" in text
+    assert renders_again(tmp_path, "serving_load")
 
 
 def test_the_cpu_of_a_process_tree_counts_its_children():

@@ -102,7 +102,7 @@ from pathlib import Path  # noqa: E402
 
 RESULTS = Path(machine.RESULTS_ROOT)
 # Each benchmark's module, whose report(raw) writes a results file's body from its raw data.
-REPORTERS = {"time_to_accuracy": "time_to_accuracy", "train_step": "train_step"}
+REPORTERS = {"time_to_accuracy": "time_to_accuracy", "train_step": "train_step", "serving_load": "serving_load"}
 # Results committed before the benchmarks kept their raw rounds: nothing can render them again, so
 # they wait for a re-run on a quiet machine of their kind (docs/performance.md lists where they came
 # from). The list may only shrink.
@@ -171,3 +171,31 @@ def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte
     # A later run without raw data leaves no stale .json behind to disagree with its .md.
     machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-03", body, root=str(tmp_path))
     assert not path.with_suffix(".json").exists()
+
+
+def serving_level(concurrency: int, images_per_s: float, others: float) -> dict:
+    return {"concurrency": concurrency, "requests": int(images_per_s * 30), "errors": [], "requests_per_s": images_per_s,
+            "images_per_s": images_per_s, "p50_ms": 54.0, "p99_ms": 60.0, "server_cpu_per_request": 0.08,
+            "clients_cpu_per_request": 0.002, "server_cores": 1.5, "others": others, "load_average": 1.2}
+
+
+def test_serving_loads_raw_data_renders_its_results_file_and_leaves_rows_taken_beside_others_out(tmp_path, monkeypatch):
+    import serving_load
+
+    monkeypatch.setattr(machine, "cpu_model", lambda: "AMD EPYC (family 25, model 1): avx2")
+    ceiling = {"images_per_s": 24.0, "cpu_per_image": 0.08, "others": 0.01, "load_average": 0.3}
+    raw = {"architecture": "resnet50", "image_size": 300, "tensorflow": "2.21.0", "instances": 1, "seconds": 30.0,
+           "soak_seconds": 60.0, "max_batch": 32, "rss_growth_mb": 64.0, "cpus": 2, "load_before": 0.3, "load_after": 2.1,
+           # The ceiling after concurrency 8 ran beside a neighbour: concurrency 8 and 32 are both around it.
+           "ceilings": [ceiling, ceiling, {**ceiling, "others": 0.9}, ceiling],
+           "levels": [serving_level(1, 18.0, 0.02), serving_level(8, 15.6, 0.05), serving_level(32, 18.4, 0.01)],
+           "batches": [{"batch": 1, "images_per_s": 15.0, "cpu_per_image": 0.1, "others": 0.0, "load_average": 0.3}],
+           "batch_seconds": 7.5, "decoding_cpu_per_request": 0.0011,
+           "soak": {**serving_level(32, 18.0, 0.0), "error_count": 0}, "rss": [[1.0, 2 ** 29], [10.0, 2 ** 30], [60.0, 2 ** 30 + 2 ** 20]]}
+    assert serving_load.flagged(raw) == [False, True, True]
+    body = serving_load.report(raw)
+    assert body.endswith("`summary: c1_over_ceiling=0.75 left_out=c8,c32 soak_errors=0 soak_rss_growth_mb=1.0`")
+    assert "| server, concurrency 8 | 15.60 | 15.60 | 54 | 60 | 0 | 24.00 | x0.65 | 80.0 | 2.0 | 1.50 | 0.05 | 1.2 | yes |" in body
+    path = Path(machine.write_results("serving_load", "python benchmarks/serving_load.py", "2030-01-02", body,
+                                      root=str(tmp_path), raw=raw))
+    assert rendered(json.loads(path.with_suffix(".json").read_text())) == path.read_text()
