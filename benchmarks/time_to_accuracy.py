@@ -1,54 +1,67 @@
 """Time to accuracy, the MLPerf way: wall time until a stated validation accuracy, for the lab's
-recipe and for the trainer's defaults, in one run, on the same data and the same workers.
+recipe (as written, and with the preprocessing its weights expect) and for the trainer's defaults
+(and at Keras' batch-norm momentum), in one run, on the same data and the same workers.
 
-    python benchmarks/time_to_accuracy.py [--weights FILE] [--rounds 3] [--target 0.8] [--scratch-rounds 1]
-                                          [--scratch-target 0.6] [--workers 2] [--images 384] [--image-size 64]
-                                          [--batch 16] [--results-dir DIR]
+    python benchmarks/time_to_accuracy.py [--weights FILE] [--rounds 3] [--recipes lab,lab-preprocessed,trainer,...]
+                                          [--target 0.7] [--max-seconds 600] [--scratch-rounds 1]
+                                          [--scratch-target 0.6] [--phase-epochs 3] [--workers 2] [--images 384]
+                                          [--image-size 64] [--batch 16] [--results-dir DIR]
 
-The setting that counts is the lab's own: FINE-TUNING pretrained ResNet50 weights. Both recipes
-start from one weights file. ImageNet's cannot be downloaded everywhere, so unless --weights
+The setting that counts is the lab's own: FINE-TUNING pretrained ResNet50 weights. Every recipe
+starts from one weights file. ImageNet's cannot be downloaded everywhere, so unless --weights
 names a file (real ImageNet no-top weights, where a user has them), the benchmark makes its own
 once (benchmarks/pretrain.py): ResNet50 pretrained on generated textures and shapes, a task that
 is not the evaluation task, with the preprocessing Keras' ImageNet weights expect, cached outside
 the repository; the report says what that cost.
 
 Each recipe trains as one MultiWorkerMirrored job of --workers processes on the same generated
-cassava-like TFRecords (`synthetic:N`, 5 classes, chance 0.20):
+cassava-like TFRecords (`synthetic:N`, 5 classes, chance 0.20). --recipes picks among:
 
-  lab      the codelab's recipe (seed 001), written as the codelab writes it: images decoded,
-           resized and scaled to [0, 1] as float32 on the host, shuffle(1000), batched by the
-           global batch, AutoShardPolicy.DATA; ResNet50 without top (the weights file),
-           GlobalAveragePooling2D, Dense(1016, relu), Dense(5, softmax); Adam(1e-4); float32.
-           Validation after every epoch on the validation split through the same pipeline.
-  trainer  `python -m trainer.launch --workers N -- ... --weights FILE` with every trainer
-           default except the sizes below: learning rate auto, batch-norm momentum,
-           --mixed-precision auto, its input pipeline, cache and augmentation.
+  lab                    the codelab's recipe (seed 001), written as the codelab writes it: images
+                         decoded, resized and scaled to [0, 1] as float32 on the host, shuffle(1000),
+                         batched by the global batch, AutoShardPolicy.DATA; ResNet50 without top (the
+                         weights file), GlobalAveragePooling2D, Dense(1016, relu), Dense(5, softmax);
+                         Adam(1e-4); float32. Validation after every epoch through the same pipeline.
+  lab-preprocessed       the same, with tf.keras.applications.resnet50.preprocess_input in place of
+                         the division by 255 (the one line a user would change), nothing else.
+  trainer                `python -m trainer.launch --workers N -- python -m cassava.task ...
+                         --weights FILE` with every default except the sizes below.
+  trainer-momentum-0.99  the same with --batch-norm-momentum 0.99 (Keras' own, the lab's), so that
+                         the reader sees what the trainer's default 0.9 buys.
 
 Only the sizes are shared and set here (--images, --image-size, --batch per replica), smaller
-than both recipes' own (300 px, 64 per replica), so that the whole benchmark fits about half an
-hour on 2 cores with its defaults (29 min on the EPYC family 25 model 17, most of it the lab's
-runs reaching --max-seconds). Each clock starts when the job's processes are started (start-up, tracing
-and the first epoch's decoding count, as they do for a user) and stops at the end of the first
-epoch whose val_accuracy reaches the target; the job is then stopped. A recipe that has not
-reached it within --max-epochs or --max-seconds is stopped there, and its round's ratio becomes
-a bound.
+than the recipes' own (300 px, 64 per replica). Each clock starts when the job's processes are
+started (start-up, tracing and the first epoch's decoding count, as they do for a user) and
+stops at the end of the first epoch whose val_accuracy reaches the target; the job is then
+stopped. A recipe that has not reached it within --max-epochs or --max-seconds is stopped there.
 
-Rounds (benchmarks/rounds.py): the fine-tune comparison runs --rounds times, the two recipes one
-after the other, their order swapped each round, so that a change in the cores the machine gives
-hits both alike. Each run records the CPU seconds of all its processes up to the target (per
-image trained, beside its wall rate) and what other processes took meanwhile. A run whose cores
-(CPU seconds per wall second) depart from its recipe's median is flagged. The ratio is the median
-over the rounds where neither run was flagged of the trainer's time over the lab's; when fewer
-than half the rounds are clean, it is the ratio of the median CPU seconds to the target.
+Rounds (benchmarks/rounds.py): the fine-tune comparison runs --rounds times, every recipe once a
+round, each round starting one recipe later, so that a change in the cores the machine gives
+does not always hit the same recipe. Each run records the CPU seconds of all its processes up to
+the target (per image trained, beside its wall rate), its cores, and what other processes took
+meanwhile. A run whose cores depart from its recipe's median by more than CORES_TOLERANCE is
+flagged. The trainer is compared with the lab variant that reached the target in at least half
+its rounds in the least median time: the ratio is the median over the rounds where both reached
+it, neither was flagged and their cores were within CORES_TOLERANCE of each other, of the
+trainer's time over the lab's, with its spread (lowest and highest); when fewer than half the
+rounds qualify, it is the median ratio of CPU seconds to the target, and the line says which.
+When no lab variant reaches the target, the summary says so and gives a bound.
 
-The second table trains both recipes from random weights (--scratch-rounds, 0 to leave it out):
-the lab's recipe is not made for that (Adam 1e-4 and Keras' batch-norm momentum are fine-tuning
-settings), and it says so. Its trainer run also checks the pretrained weights: fine-tuning from
-them must reach the target sooner than the trainer's best from random weights.
+The second table trains the lab and the trainer from random weights (--scratch-rounds, 0 to leave
+it out): the lab's recipe is not made for that, and it says so. Its trainer run also checks the
+pretrained weights: fine-tuning from them must reach the target sooner than from random weights.
 
-The last line, `summary: trainer_over_lab=R` (or `<=R`), is the trainer's time over the lab's
-when both fine-tune. The results go to benchmarks/results/time_to_accuracy/<machine kind>.md
-(machine.write_results), and the raw rounds report() writes them from to the .json beside it.
+Where the trainer's CPU goes (--phase-epochs, 0 to leave it out): one more trainer job,
+fine-tuning, runs to its end; its whole process tree's CPU is sampled every 0.1 s and split at
+the moments its chief's log lines arrive (start-up and imports, strategy and precision probe,
+data and model set-up, epoch 1 with the first step's tracing, the later epochs' train steps over
+the span the steps measure themselves, their validation and saves, the export, the exit), each
+per image trained.
+
+The last line, `summary: trainer_over_lab=R against=RECIPE from=wall|cpu spread=LO-HI rounds=K/N`
+(or `<=R against=none`), is the fine-tuning comparison. The results go to
+benchmarks/results/time_to_accuracy/<machine kind>.md (machine.write_results), and the raw runs
+report() writes them from to the .json beside it.
 """
 
 from __future__ import annotations
@@ -59,6 +72,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -117,6 +131,10 @@ def lab_task(args) -> int:
         example = tf.io.parse_single_example(serialized, data.RECORD_FEATURES)
         image = tf.io.decode_jpeg(example["image"], channels=3)
         image = tf.image.resize(image, (args.image_size, args.image_size))
+        if args.lab_preprocess == "resnet50":
+            # The one line a user would change: the preprocessing ResNet50's weights expect
+            # (caffe mode: BGR, ImageNet mean subtracted) in place of the codelab's [0, 1].
+            return tf.keras.applications.resnet50.preprocess_input(tf.cast(image, tf.float32)), example["label"]
         return tf.cast(image, tf.float32) / 255.0, example["label"]
 
     def dataset(pattern, training):
@@ -210,7 +228,8 @@ def images_per_epoch(args) -> int:
     return max(1, args.images // global_batch) * global_batch
 
 
-def run_lab(args, data_dir: str, weights: str, target: float) -> Run:
+def run_lab(args, data_dir: str, weights: str, target: float, preprocess: str = "unit") -> Run:
+    """The lab's job; `preprocess`: "unit" ([0, 1], the codelab's) or "resnet50" (preprocess_input)."""
     from trainer import launch
 
     cluster, tasks = launch.plan_cluster(args.workers, 0, False, launch.free_ports(args.workers))
@@ -225,28 +244,36 @@ def run_lab(args, data_dir: str, weights: str, target: float) -> Run:
         processes.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--lab-task", "--data", data_dir, "--batch", str(args.batch),
              "--image-size", str(args.image_size), "--max-epochs", str(args.max_epochs), "--weights", weights,
-             "--seed", str(args.seed)],
+             "--seed", str(args.seed), "--lab-preprocess", preprocess],
             stdout=subprocess.PIPE if chief else subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
             start_new_session=True, env=env))
 
     def parse(line):
         return json.loads(line)["val_accuracy"] if line.startswith("{") else None
 
-    run = Run("lab", images_per_epoch(args))
+    run = Run(RECIPES["lab-preprocessed" if preprocess == "resnet50" else "lab"], images_per_epoch(args))
     watch(run, processes, processes[0].stdout, parse, target, args.max_seconds, started, signal.SIGKILL, clock)
     return run
 
 
-def run_trainer(args, data_root: str, work: str, weights: str, target: float) -> Run:
+def start_trainer(args, data_root: str, work: str, weights: str, epochs: int, momentum: float | None) -> subprocess.Popen:
+    """`python -m trainer.launch ... -- python -m cassava.task ...` with every default but the sizes
+    (and --batch-norm-momentum when `momentum` is given); its output on the returned pipe."""
     shutil.rmtree(work, ignore_errors=True)  # a fresh job: no backup to resume from
-    started = time.monotonic()
-    launcher = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "trainer.launch", "--workers", str(args.workers), "--work-dir", os.path.join(work, "launch"),
-         "--", "python", "-m", "cassava.task", "--dataset", f"synthetic:{args.images}", "--data-dir", data_root, "--image-size", str(args.image_size),
-         "--per-replica-batch-size", str(args.batch), "--epochs", str(args.max_epochs), "--weights", weights,
-         "--model-dir", os.path.join(work, "model")],
+         "--", "python", "-m", "cassava.task", "--dataset", f"synthetic:{args.images}", "--data-dir", data_root,
+         "--image-size", str(args.image_size), "--per-replica-batch-size", str(args.batch), "--epochs", str(epochs),
+         "--weights", weights, "--model-dir", os.path.join(work, "model"),
+         *(["--batch-norm-momentum", str(momentum)] if momentum is not None else [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
         env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def run_trainer(args, data_root: str, work: str, weights: str, target: float, momentum: float | None = None) -> Run:
+    """The trainer's job; `momentum`: its --batch-norm-momentum, None for the default."""
+    started = time.monotonic()
+    launcher = start_trainer(args, data_root, work, weights, args.max_epochs, momentum)
     clock = rounds_lib.Timer(lambda: rounds_lib.tree_cpu_seconds(launcher.pid), baseline=0.0).start()
     policy = []
 
@@ -260,17 +287,41 @@ def run_trainer(args, data_root: str, work: str, weights: str, target: float) ->
     run = Run("trainer", images_per_epoch(args))
     watch(run, [launcher], launcher.stdout, parse, target, args.max_seconds, started, signal.SIGTERM, clock)
     run.name = f"trainer ({policy[0]})" if policy else "trainer"
+    if momentum is not None:
+        run.name += f", batch-norm momentum {momentum:g}"
     return run
+
+
+# The recipes, by the name --recipes takes, and what their rows say. The lab's two differ in one
+# line (the preprocessing); the trainer's two in one flag (--batch-norm-momentum).
+RECIPES = {
+    "lab": "lab",
+    "lab-preprocessed": "lab + preprocess_input",
+    "trainer": "trainer",
+    "trainer-momentum-0.99": "trainer, batch-norm momentum 0.99",
+}
+LAB_RECIPES = ("lab", "lab-preprocessed")
+
+
+def run_recipe(recipe: str, args, data_dir: str, data_root: str, work: str, weights: str, target: float) -> Run:
+    if recipe == "lab":
+        return run_lab(args, data_dir, weights, target)
+    if recipe == "lab-preprocessed":
+        return run_lab(args, data_dir, weights, target, preprocess="resnet50")
+    return run_trainer(args, data_root, work, weights, target, 0.99 if recipe == "trainer-momentum-0.99" else None)
 
 
 @dataclasses.dataclass
 class Verdict:
-    """The trainer's time over the lab's: `value`, a bound when `bound`, from `measure`."""
+    """`mine`'s time to the target over `theirs`': `value` (a bound when `bound`), from `measure`
+    ("wall", "cpu" or "none"), the per-round ratios it is the median of (`spread`), and `text`."""
 
     value: float | None
     bound: bool
     measure: str
     text: str
+    spread: tuple[float, float] | None = None
+    rounds: str = ""
 
     @property
     def summary(self) -> str:
@@ -285,27 +336,48 @@ def run_flags(runs: list[Run]) -> list[bool]:
     return rounds_lib.flags(samples) if all(samples) else [False] * len(runs)
 
 
-def verdict(labs: list[Run], trainers: list[Run], target: float) -> Verdict:
-    """From the rounds: the median over clean rounds of the trainer's time over the lab's (a bound
-    when the lab did not reach the target), else the ratio of CPU seconds to the target."""
-    if not any(run.reached is not None for run in trainers):
-        return Verdict(None, False, "none", "the trainer did not reach the target: no ratio")
-    flagged = [a or b for a, b in zip(run_flags(labs), run_flags(trainers))]
-    usable = [i for i, (lab, mine) in enumerate(zip(labs, trainers)) if mine.reached is not None]
-    clean = [i for i in usable if not flagged[i]]
-    if clean and 2 * len(clean) >= len(labs):
-        ratios = [(trainers[i].reached / (labs[i].reached or labs[i].elapsed), labs[i].reached is None) for i in clean]
-        value = statistics.median(r for r, _ in ratios)
-        bound = any(b for _, b in ratios)
-        how = f"wall time, median of the {len(clean)} of {len(labs)} rounds where neither run was flagged"
-        return Verdict(value, bound, "wall", how)
-    lab_cpu = [run.sample.cpu for run in labs if run.sample]
-    mine_cpu = [run.cpu_to_target for run in trainers if run.cpu_to_target is not None]
-    value = statistics.median(mine_cpu) / statistics.median(lab_cpu)
-    bound = any(run.reached is None for run in labs)
-    how = (f"CPU seconds to the target: only {len(clean)} of {len(labs)} rounds kept their cores, so their wall times "
-           f"mix regimes")
-    return Verdict(value, bound, "cpu", how)
+def verdict(theirs: list[Run], mine: list[Run], target: float) -> Verdict:
+    """`mine`'s time to the target over `theirs`', round by round. A round counts for the wall-time
+    ratio when both reached the target, neither run was flagged (cores off its recipe's median)
+    and the two had the same cores (within rounds_lib.CORES_TOLERANCE): otherwise the one with
+    more cores would win by them. With at least half the rounds counted, the ratio is their
+    median; else it is the median over the rounds where both reached the target of the ratio of
+    CPU seconds to it, which cores coming and going do not move. The spread is the lowest and
+    highest of the ratios the median is taken over. When `theirs` never reached the target in a
+    round, that round's ratio is a bound (mine over their time limit)."""
+    rounds = len(theirs)
+    if not any(run.reached is not None for run in mine):
+        return Verdict(None, False, "none", "did not reach the target: no ratio")
+    flagged = [a or b for a, b in zip(run_flags(theirs), run_flags(mine))]
+    both = [i for i in range(rounds) if mine[i].reached is not None and theirs[i].reached is not None]
+    same = [i for i in both if not flagged[i] and mine[i].sample and theirs[i].sample
+            and rounds_lib.same_cores(mine[i].sample, theirs[i].sample)]
+    if not both:  # they never reached it: mine over their limit, a bound
+        ratios = [mine[i].reached / theirs[i].elapsed for i in range(rounds) if mine[i].reached is not None]
+        return Verdict(statistics.median(ratios), True, "wall", "wall time over the other's time limit, in the rounds "
+                       "where it reached the target", (min(ratios), max(ratios)), f"{len(ratios)}/{rounds}")
+    if same and 2 * len(same) >= rounds:
+        ratios = [mine[i].reached / theirs[i].reached for i in same]
+        text = (f"wall time, median of the {len(same)} of {rounds} rounds where both reached {target:.2f}, neither was "
+                f"flagged and their cores differed by at most {rounds_lib.CORES_TOLERANCE:.0%}")
+        return Verdict(statistics.median(ratios), False, "wall", text, (min(ratios), max(ratios)), f"{len(same)}/{rounds}")
+    ratios = [mine[i].sample.cpu / theirs[i].sample.cpu for i in both]
+    text = (f"CPU seconds to {target:.2f}, median over the {len(both)} rounds where both reached it: only {len(same)} of "
+            f"{rounds} rounds had both unflagged on cores within {rounds_lib.CORES_TOLERANCE:.0%} of each other, so "
+            f"their wall times mix regimes")
+    return Verdict(statistics.median(ratios), False, "cpu", text, (min(ratios), max(ratios)), f"{len(both)}/{rounds}")
+
+
+def reached_in_most(runs: list[Run]) -> bool:
+    return 2 * sum(run.reached is not None for run in runs) >= len(runs) > 0
+
+
+def best_lab(recipes: dict[str, list[Run]]) -> str | None:
+    """The lab variant that reached the target in at least half its rounds with the lowest median
+    time to it; None when none did."""
+    reaching = [name for name in LAB_RECIPES if name in recipes and reached_in_most(recipes[name])]
+    return min(reaching, key=lambda name: statistics.median(run.reached for run in recipes[name] if run.reached is not None),
+               default=None)
 
 
 def table(runs: list[tuple[int, Run]], flagged: dict[int, bool]) -> list[str]:
@@ -325,14 +397,16 @@ def table(runs: list[tuple[int, Run]], flagged: dict[int, bool]) -> list[str]:
     return lines
 
 
-def rounds_table(labs: list[Run], trainers: list[Run]) -> list[str]:
-    flags_lab, flags_mine = run_flags(labs), run_flags(trainers)
+def rounds_table(recipes: dict[str, list[Run]]) -> list[str]:
+    """Every run, round by round, in the recipes' order; `flagged`: its cores were off its recipe's median."""
+    flags = {name: run_flags(runs) for name, runs in recipes.items()}
     rows, flagged = [], {}
-    for number, (lab, mine) in enumerate(zip(labs, trainers), start=1):
-        flagged[len(rows)] = flags_lab[number - 1]
-        rows.append((number, lab))
-        flagged[len(rows)] = flags_mine[number - 1]
-        rows.append((number, mine))
+    count = max((len(runs) for runs in recipes.values()), default=0)
+    for number in range(count):
+        for name, runs in recipes.items():
+            if number < len(runs):
+                flagged[len(rows)] = flags[name][number]
+                rows.append((number + 1, runs[number]))
     return table(rows, flagged)
 
 
@@ -354,6 +428,165 @@ def pretraining_check(tuned: list[Run], from_scratch: list[Run]) -> str:
             f"{' '.join(f'{b:.2f}' for b in theirs[:compared])} from random weights (medians over the rounds).")
 
 
+# ---------------------------------------------------------------------------------------------
+# Where a whole trainer job's CPU goes, phase by phase.
+
+class CpuTrace:
+    """A job's CPU seconds (`read`), sampled every `period` seconds from a thread: the CPU spent
+    between two moments is read off the samples around them (linear in between)."""
+
+    def __init__(self, read, period: float = 0.1):
+        self.read, self.period = read, period
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "CpuTrace":
+        self.samples.append((time.monotonic(), 0.0))
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            value = self.read()
+            if value >= self.samples[-1][1]:  # a tree whose root is gone reads as less: not a sample
+                self.samples.append((time.monotonic(), value))
+
+    def stop(self, total: float | None = None) -> None:
+        """Stops sampling; `total`, the job's CPU seconds at its end, becomes the last sample."""
+        self._stop.set()
+        self._thread.join()
+        if total is not None:
+            self.samples.append((time.monotonic(), max(total, self.samples[-1][1])))
+
+    def at(self, moment: float) -> float:
+        before = max((s for s in self.samples if s[0] <= moment), default=self.samples[0])
+        after = min((s for s in self.samples if s[0] >= moment), default=self.samples[-1])
+        if after[0] == before[0]:
+            return before[1]
+        return before[1] + (after[1] - before[1]) * (moment - before[0]) / (after[0] - before[0])
+
+
+# The chief's log lines that end a phase (trainer.precision, trainer.callbacks.EpochLog, trainer.saving).
+PHASE_LINES = {
+    "precision": re.compile(r"^\[chief-0\] .*trainer: precision: "),
+    "begins": re.compile(r"^\[chief-0\] .*trainer: epoch (\d+)/\d+ begins"),
+    "ends": re.compile(r"^\[chief-0\] .*trainer: epoch (\d+)/\d+ ends"),
+    "steps": re.compile(r"^\[chief-0\] .*trainer: epoch (\d+)/\d+ input: the steps waited \d+\.\d s of (\d+\.\d) s"),
+    "saved": re.compile(r"^\[chief-0\] .*trainer: saved model to "),
+}
+
+
+def trace_phases(args, data_root: str, work: str, weights: str, epochs: int) -> dict:
+    """One trainer job (the default recipe, fine-tuning) run to its end over `epochs` epochs, its
+    whole process tree's CPU sampled every 0.1 s, and the moments its chief's log lines arrive:
+    the raw data of phase_table."""
+    reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    launcher = start_trainer(args, data_root, work, weights, epochs, None)
+    trace = CpuTrace(lambda: rounds_lib.tree_cpu_seconds(launcher.pid)).start()
+    marks: list[list] = []  # [what, seconds since start, epoch or None, the steps' own seconds or None]
+    for line in launcher.stdout:
+        moment = time.monotonic() - started
+        if line.startswith("[chief-0] ") and not any(mark[0] == "first line" for mark in marks):
+            marks.append(["first line", moment, None, None])
+        for what, pattern in PHASE_LINES.items():
+            found = pattern.search(line)
+            if found:
+                groups = found.groups()
+                marks.append([what, moment, int(groups[0]) if groups else None,
+                              float(groups[1]) if len(groups) > 1 else None])
+    code = launcher.wait()
+    ended = time.monotonic() - started
+    # Once reaped, the launcher's CPU and its tasks' (which it reaped) are this process's children's.
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    trace.stop((reaped.ru_utime + reaped.ru_stime) - (reaped_before.ru_utime + reaped_before.ru_stime))
+    # The CPU of the job at each mark, read off the trace (the job's tree as the launcher holds it;
+    # at the end, the launcher's own times with its reaped children).
+    for mark in marks:
+        mark.append(trace.at(started + mark[1]))
+    steps = {mark[2]: mark[3] for mark in marks if mark[0] == "steps"}
+    windows = []
+    for mark in marks:
+        if mark[0] == "begins" and mark[2] in steps:
+            windows.append([mark[2], trace.at(started + mark[1] + steps[mark[2]])])
+    return {"epochs": epochs, "exit": code, "wall": ended, "cpu": trace.samples[-1][1], "marks": marks,
+            "steps_end_cpu": windows, "images_per_epoch": images_per_epoch(args),
+            "validation_images": max(8, args.images // 4)}
+
+
+def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
+    """(phase, wall seconds, CPU seconds, images it ran over) from trace_phases' raw data, in order.
+    Epoch 1 stands alone (it holds the first step's tracing and the first validation's); each
+    later epoch is split where its steps ended: at its start plus the steps' own span."""
+    marks: dict[tuple[str, int | None], tuple[float, float, float | None]] = {}
+    for what, moment, epoch, steps, cpu in phases["marks"]:
+        marks.setdefault((what, epoch), (moment, cpu, steps))
+    steps_end = {epoch: cpu for epoch, cpu in phases["steps_end_cpu"]}
+    per_epoch, validation = phases["images_per_epoch"], phases["validation_images"]
+    rows: list[tuple[str, float, float, int]] = []
+    at = (0.0, 0.0)
+
+    def until(name: str, mark: tuple[float, float, float | None] | None, images: int = 0) -> None:
+        nonlocal at
+        if mark is not None:
+            rows.append((name, mark[0] - at[0], mark[1] - at[1], images))
+            at = mark[:2]
+
+    until("start-up: Python, imports, the launcher", marks.get(("first line", None)))
+    until("strategy and precision probe", marks.get(("precision", None)))
+    until("data and model set-up", marks.get(("begins", 1)))
+    until("epoch 1: first-step tracing, steps, first validation (its tracing too), saves", marks.get(("ends", 1)),
+          per_epoch)
+    steady = [e for e in range(2, phases["epochs"] + 1)
+              if all(key in marks for key in (("begins", e), ("ends", e), ("steps", e), ("ends", e - 1)))
+              and e in steps_end]
+    if steady and steady == list(range(2, steady[-1] + 1)):
+        span = f"epochs {steady[0]}-{steady[-1]}" if len(steady) > 1 else f"epoch {steady[0]}"
+        steps_wall = sum(marks[("steps", e)][2] for e in steady)
+        steps_cpu = sum(steps_end[e] - marks[("begins", e)][1] for e in steady)
+        gap_wall = sum(marks[("begins", e)][0] - marks[("ends", e - 1)][0] for e in steady)
+        gap_cpu = sum(marks[("begins", e)][1] - marks[("ends", e - 1)][1] for e in steady)
+        last = marks[("ends", steady[-1])]
+        rows.append((f"{span}: between one epoch's end and the next's start", gap_wall, gap_cpu, 0))
+        rows.append((f"{span}: train steps (their own span)", steps_wall, steps_cpu, per_epoch * len(steady)))
+        rows.append((f"{span}: validation, checkpoint and TensorBoard writes", last[0] - at[0] - gap_wall - steps_wall,
+                     last[1] - at[1] - gap_cpu - steps_cpu, validation * len(steady)))
+        at = last[:2]
+    until("export (float32 copy, SavedModel)", marks.get(("saved", None)))
+    until("exit", (phases["wall"], phases["cpu"], None))
+    return rows
+
+
+def phase_table(phases: dict) -> list[str]:
+    trained = phases["epochs"] * phases["images_per_epoch"]
+    lines = [f"One trainer job fine-tuning for {phases['epochs']} epochs to its end ({trained} images trained, exit "
+             f"{phases['exit']}), its whole process tree's CPU sampled every 0.1 s and split at the moments its chief's "
+             f"log lines arrived; the steps' span is the one the steps measure themselves (trainer.input_wait). CPU "
+             f"per image trained spreads each phase over the whole job's {trained} images, so the column adds up to the "
+             f"job's; CPU per image of its own is the phase's over the images it ran (validation images for "
+             f"validation).", "",
+             "| phase | wall s | CPU s | cores | CPU s per image trained | CPU s per image of its own |",
+             "|---|---|---|---|---|---|"]
+    for name, wall, cpu, images in phase_rows(phases):
+        own = f"{cpu / images:.4f}" if images else "-"
+        lines.append(f"| {name} | {wall:.1f} | {cpu:.1f} | {cpu / wall if wall > 0 else 0:.2f} | {cpu / trained:.4f} "
+                     f"| {own} |")
+    lines.append(f"| whole job | {phases['wall']:.1f} | {phases['cpu']:.1f} | {phases['cpu'] / phases['wall']:.2f} | "
+                 f"{phases['cpu'] / trained:.4f} | |")
+    rows = phase_rows(phases)
+    first = [row for row in rows if row[0].startswith("epoch 1:")]
+    later = [row for row in rows if row[0].startswith(("epoch ", "epochs ")) and not row[0].startswith("epoch 1:")]
+    steady = len(range(2, phases["epochs"] + 1))
+    if first and later and steady:
+        extra_wall = first[0][1] - sum(row[1] for row in later) / steady
+        extra_cpu = first[0][2] - sum(row[2] for row in later) / steady
+        lines += ["", f"Epoch 1 took {extra_wall:.1f} s and {extra_cpu:.1f} CPU s more than a later epoch on average: the "
+                      f"first step's tracing and the first validation's, {extra_cpu / trained:.4f} CPU s per image "
+                      f"trained over this job's {phases['epochs']} epochs."]
+    return lines
+
+
 # What report() reads of the command's options.
 REPORTED_OPTIONS = ("images", "image_size", "batch", "workers", "target", "scratch_target")
 
@@ -368,53 +601,89 @@ def run_of(record: dict) -> Run:
     return Run(**{**record, "epochs": [tuple(epoch) for epoch in record["epochs"]], "sample": sample})
 
 
-def raw_data(args, weights_line: str, fine: tuple[list[Run], list[Run]], scratch: tuple[list[Run], list[Run]]) -> dict:
-    """Everything report() reads, as JSON values: the run's raw rounds."""
+def raw_data(args, weights_line: str, fine: dict[str, list[Run]], scratch: dict[str, list[Run]],
+             phases: dict | None = None) -> dict:
+    """Everything report() reads, as JSON values: the run's raw rounds, recipe by recipe in the
+    order the tables show them, and the phases of one trainer job (None when not traced)."""
     return {"options": {name: getattr(args, name) for name in REPORTED_OPTIONS}, "weights_line": weights_line,
-            **{setting: {"labs": [run_record(r) for r in runs[0]], "trainers": [run_record(r) for r in runs[1]]}
-               for setting, runs in (("fine", fine), ("scratch", scratch))}}
+            **{setting: [[name, [run_record(r) for r in runs]] for name, runs in recipes.items()]
+               for setting, recipes in (("fine", fine), ("scratch", scratch))},
+            "phases": phases}
+
+
+def ratio_line(subject: str, other: str, result: Verdict, target: float) -> str:
+    if result.value is None:
+        return f"{subject} {result.text}."
+    spread = f", spread {result.spread[0]:.2f}-{result.spread[1]:.2f} over {result.rounds} rounds" if result.spread else ""
+    return (f"{subject} took x{result.value:.2f}{' at most' if result.bound else ''} {other}'s time to {target:.2f}"
+            f"{spread}; from {result.text}.")
 
 
 def report(raw: dict) -> str:
     """The results file's body, from the raw data (raw_data) alone."""
     args = argparse.Namespace(**raw["options"])
-    weights_line = raw["weights_line"]
-    fine, scratch = ((list(map(run_of, raw[s]["labs"])), list(map(run_of, raw[s]["trainers"]))) for s in ("fine", "scratch"))
-    labs, trainers = fine
+    fine = {name: list(map(run_of, runs)) for name, runs in raw["fine"]}
+    scratch = {name: list(map(run_of, runs)) for name, runs in raw["scratch"]}
     lines = [
         f"task: synthetic:{args.images} ({max(8, args.images // 4)} validation images), {args.image_size} px, "
         f"{args.batch} per replica, {args.workers} worker(s); 5 classes, chance 0.20. `others' cores`: what other "
-        f"processes on the machine used while each run ran (0 on a quiet machine).",
+        f"processes on the machine used while each run ran (0 on a quiet machine); `flagged`: the run's cores were "
+        f"more than {rounds_lib.CORES_TOLERANCE:.0%} off its recipe's median.",
         "",
-        f"## Fine-tuning, the lab's own setting: both from the same pretrained weights, to val_accuracy {args.target:.2f}",
+        f"## Fine-tuning, the lab's own setting: every recipe from the same pretrained weights, to val_accuracy "
+        f"{args.target:.2f}",
         "",
-        f"Weights: {weights_line}.",
+        f"Weights: {raw['weights_line']}.",
         "",
-        *rounds_table(labs, trainers),
+        "Recipes: `lab`, the codelab's as written ([0, 1] inputs); `lab + preprocess_input`, the same with "
+        "`tf.keras.applications.resnet50.preprocess_input` (the preprocessing the weights expect) in place of the "
+        "division by 255, nothing else changed; `trainer`, every default; `trainer, batch-norm momentum 0.99`, "
+        "the same with Keras' momentum in place of its default 0.9.",
+        "",
+        *rounds_table(fine),
         "",
     ]
-    fine_verdict = verdict(labs, trainers, args.target)
-    if fine_verdict.value is None:
-        lines.append(fine_verdict.text + ".")
+    mine = fine.get("trainer", [])
+    against = best_lab(fine)
+    if against is None:
+        labs = [name for name in LAB_RECIPES if name in fine]
+        limit = max((run.elapsed for name in labs for run in fine[name]), default=0.0)
+        reached = [run.reached for run in mine if run.reached is not None]
+        value = statistics.median(reached) / limit if reached and limit else None
+        main_verdict = Verdict(value, True, "none", "no lab variant reached the target")
+        lines.append(f"No lab variant ({', '.join(RECIPES[name] for name in labs)}) reached {args.target:.2f} in at least "
+                     f"half its rounds" + (f"; the trainer's median time over their limit: x{value:.2f} at most." if value
+                                           is not None else "."))
     else:
-        goal = "meets" if fine_verdict.value <= 0.5 else ("does not show" if fine_verdict.bound else "MISSES")
-        lines.append(f"When both fine-tune, the trainer took x{fine_verdict.value:.2f}"
-                     f"{' at most' if fine_verdict.bound else ''} the lab's time to {args.target:.2f} "
-                     f"({goal} the x0.5 goal); from {fine_verdict.text}.")
-    scratch_labs, scratch_trainers = scratch
-    if scratch_labs:
+        main_verdict = verdict(fine[against], mine, args.target)
+        lines.append(ratio_line(f"Against the fastest lab variant that reaches the target ({RECIPES[against]}), the "
+                                f"trainer", RECIPES[against], main_verdict, args.target))
+        for name in LAB_RECIPES:
+            if name in fine and name != against:
+                lines.append("")
+                lines.append(ratio_line("Against `" + RECIPES[name] + "`, the trainer", RECIPES[name],
+                                        verdict(fine[name], mine, args.target), args.target))
+    if "trainer-momentum-0.99" in fine and mine:
+        lines += ["", ratio_line("At batch-norm momentum 0.99, the trainer", "its default 0.9",
+                                 verdict(mine, fine["trainer-momentum-0.99"], args.target), args.target)]
+    if scratch:
         lines += ["", f"## From random weights, to val_accuracy {args.scratch_target:.2f}: a setting the lab's recipe is not made for",
                   "",
                   "The lab's recipe is a fine-tuning recipe (Adam 1e-4, Keras' batch-norm momentum 0.99, inputs in [0, 1] "
                   "where the weights expect the ImageNet preprocessing); it is run from random weights here only to show "
                   "what the trainer's from-scratch defaults (learning rate 1e-3 with a one-epoch warm-up, batch-norm "
                   "momentum 0.9) do there. This table is not the comparison that counts.", "",
-                  *rounds_table(scratch_labs, scratch_trainers), ""]
-        scratch_verdict = verdict(scratch_labs, scratch_trainers, args.scratch_target)
+                  *rounds_table(scratch), ""]
+        scratch_verdict = verdict(scratch.get("lab", []), scratch.get("trainer", []), args.scratch_target)
         lines.append(f"From random weights: trainer_over_lab{scratch_verdict.summary}"
                      + (f" ({scratch_verdict.text})." if scratch_verdict.value is not None else "."))
-        lines.append(pretraining_check(trainers, scratch_trainers))
-    lines += ["", f"summary: trainer_over_lab{fine_verdict.summary}"]
+        lines.append(pretraining_check(mine, scratch.get("trainer", [])))
+    if raw.get("phases"):
+        lines += ["", "## Where the trainer's CPU goes", "", *phase_table(raw["phases"])]
+    spread = (f" spread={main_verdict.spread[0]:.2f}-{main_verdict.spread[1]:.2f}"
+              if main_verdict.spread and main_verdict.value is not None else "")
+    lines += ["", f"summary: trainer_over_lab{main_verdict.summary} against={against or 'none'} "
+                  f"from={main_verdict.measure}{spread}" + (f" rounds={main_verdict.rounds}" if main_verdict.rounds else "")]
     return "\n".join(lines)
 
 
@@ -428,7 +697,12 @@ def main(argv=None) -> int:
                         help="a ResNet50 no-top weights file both recipes fine-tune from (ImageNet's, where you have "
                              "them); by default weights pretrained here once (benchmarks/pretrain.py)")
     parser.add_argument("--target", type=float, default=0.7, help="val_accuracy to reach when fine-tuning")
-    parser.add_argument("--rounds", type=int, default=2, help="fine-tuning rounds (each runs both recipes)")
+    parser.add_argument("--rounds", type=int, default=3, help="fine-tuning rounds (each runs every recipe once)")
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help=f"the fine-tuning recipes each round runs, of {', '.join(RECIPES)} (trainer is required: "
+                             "the ratios are its)")
+    parser.add_argument("--phase-epochs", type=int, default=3,
+                        help="epochs of one more trainer job, run to its end, whose CPU is split by phase (0: none)")
     parser.add_argument("--scratch-rounds", type=int, default=1, help="rounds from random weights (0: none)")
     parser.add_argument("--scratch-target", type=float, default=0.6, help="val_accuracy to reach from random weights")
     parser.add_argument("--max-epochs", type=int, default=100,
@@ -446,13 +720,19 @@ def main(argv=None) -> int:
                              "default benchmarks/results)")
     parser.add_argument("--lab-task", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--lab-preprocess", choices=("unit", "resnet50"), default="unit", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.lab_task:
         return lab_task(args)
-    if (args.workers < 1 or args.images < 1 or args.rounds < 1 or args.scratch_rounds < 0
+    recipes = [name.strip() for name in args.recipes.split(",") if name.strip()]
+    if (args.workers < 1 or args.images < 1 or args.rounds < 1 or args.scratch_rounds < 0 or args.phase_epochs < 0
             or not 0 <= args.target <= 1 or not 0 <= args.scratch_target <= 1):
-        print("time_to_accuracy: --workers, --images and --rounds must be positive, --scratch-rounds at least 0, "
-              "and the targets within [0, 1]", file=sys.stderr)
+        print("time_to_accuracy: --workers, --images and --rounds must be positive, --scratch-rounds and --phase-epochs "
+              "at least 0, and the targets within [0, 1]", file=sys.stderr)
+        return 2
+    if "trainer" not in recipes or any(name not in RECIPES for name in recipes) or len(set(recipes)) < len(recipes):
+        print(f"time_to_accuracy: --recipes {args.recipes}: name each of {', '.join(RECIPES)} at most once, trainer "
+              f"included", file=sys.stderr)
         return 2
     if args.weights and not os.path.exists(args.weights):
         print(f"time_to_accuracy: --weights {args.weights}: no such file", file=sys.stderr)
@@ -473,23 +753,29 @@ def main(argv=None) -> int:
         print(f"generating synthetic:{args.images} ...", flush=True)
         data_dir = synthetic.ensure(data_root, args.images)
 
-        def rounds(count, weights_file, target, max_seconds):
-            labs, trainers = [], []
+        def rounds(count, names, weights_file, target, max_seconds):
+            """`count` rounds of every recipe in `names`, each round starting one recipe later, so
+            that each goes first, second, ... in turn and a change of the machine's regime does not
+            always hit the same one."""
+            runs = {name: [] for name in names}
+            limited = argparse.Namespace(**{**vars(args), "max_seconds": max_seconds})
             for number in range(count):
                 print(f"round {number + 1} of {count} ({'fine-tuning' if weights_file != 'none' else 'from random weights'})",
                       flush=True)
-                order = ("lab", "trainer") if number % 2 == 0 else ("trainer", "lab")
-                for recipe in order:
-                    limited = argparse.Namespace(**{**vars(args), "max_seconds": max_seconds})
-                    if recipe == "lab":
-                        labs.append(run_lab(limited, data_dir, weights_file, target))
-                    else:
-                        trainers.append(run_trainer(limited, data_root, os.path.join(work, "trainer"), weights_file, target))
-            return labs, trainers
+                for offset in range(len(names)):
+                    name = names[(number + offset) % len(names)]
+                    runs[name].append(run_recipe(name, limited, data_dir, data_root, os.path.join(work, "trainer"),
+                                                 weights_file, target))
+            return runs
 
-        fine = rounds(args.rounds, weights, args.target, args.max_seconds)
-        scratch = rounds(args.scratch_rounds, "none", args.scratch_target, args.scratch_max_seconds)
-    raw = raw_data(args, weights_line, fine, scratch)
+        fine = rounds(args.rounds, recipes, weights, args.target, args.max_seconds)
+        scratch = rounds(args.scratch_rounds, ["lab", "trainer"], "none", args.scratch_target,
+                         args.scratch_max_seconds) if args.scratch_rounds else {}
+        phases = None
+        if args.phase_epochs:
+            print(f"one trainer job of {args.phase_epochs} epochs, its CPU split by phase", flush=True)
+            phases = trace_phases(args, data_root, os.path.join(work, "trainer"), weights, args.phase_epochs)
+    raw = raw_data(args, weights_line, fine, scratch, phases)
     text = report(raw)
     print(text)
     if args.results_dir:

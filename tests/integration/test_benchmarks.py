@@ -50,10 +50,11 @@ def test_input_pipeline_benchmark_prints_its_summary_and_writes_its_results_file
     assert result.returncode == 0, result.stderr[-3000:]
     summary = re.search(r"^summary: n1_epoch1_speedup=(\d+\.\d\d) n2_epoch1_speedup=(\d+\.\d\d) "
                         r"n2_epoch2_speedup=(\d+\.\d\d) n2_decode_limit_fraction=\d+\.\d\d "
+                        r"n1_decode_share_of_cores=(\d+\.\d\d) n2_decode_share_of_cores=(\d+\.\d\d) "
                         r"n1_bucket_vs_disk=(\d+\.\d\d) n2_bucket_vs_disk=(\d+\.\d\d)$", result.stdout, re.M)
     assert summary, result.stdout
     # The verdict line states the targets from the same figures.
-    n1, n2, later, bucket1, bucket2 = map(float, summary.groups())
+    n1, n2, later, share1, share2, bucket1, bucket2 = map(float, summary.groups())
     assert re.search(r"^machine: .+: ", result.stdout, re.M), result.stdout  # figures say where they come from
     # The bucket rows: the same pipeline reading the same files from the local Cloud Storage server.
     bucket = re.search(r"^Epoch 1 from the bucket against local disk, at least x0\.8: (yes|NO) \(N=1: x(\S+), "
@@ -72,6 +73,15 @@ def test_input_pipeline_benchmark_prints_its_summary_and_writes_its_results_file
     assert ceiling, result.stdout
     decode_ms, resize_ms, fraction = map(float, ceiling.groups())
     assert 0 < decode_ms and abs(fraction - decode_ms / resize_ms) < 0.02  # the bound is what was timed
+    # The decode-only rows against one thread's decode rate times the cores.
+    limit = re.search(r"^The machine's decode limit: one thread decodes ([\d,]+) img/s \(timed above\), times (\d+) cores "
+                      r"= ([\d,]+) img/s\. The decode-only pipeline reaches x(\d+\.\d\d) of it at N=1 \(([\d,]+) img/s\), "
+                      r"x(\d+\.\d\d) of it at N=2 \(([\d,]+) img/s\); the trainer's epoch 1 ", result.stdout, re.M)
+    assert limit, result.stdout
+    one, cores, whole = (float(v.replace(",", "")) for v in limit.group(1, 2, 3))
+    assert abs(one - 1e3 / decode_ms) <= 0.01 * one + 1 and abs(whole - one * cores) <= 0.01 * whole + 1
+    for share, rate, summarised in ((limit.group(4), limit.group(5), share1), (limit.group(6), limit.group(7), share2)):
+        assert float(share) == summarised and abs(float(share) - float(rate.replace(",", "")) / whole) < 0.01
     # The stage breakdown: the trainer's pipeline built up one stage at a time; each cost is the
     # difference of the printed rates.
     stage_block = result.stdout.split("| stage (N=1, epoch 1) | img/s | cost against the row before |\n|---|---|---|\n")[1]
@@ -148,15 +158,16 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_write
 
 def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(tmp_path):
     """Tiny sizes and a target of 0: each run stops after its first epoch, so the smoke run checks
-    the machinery (weights pretrained here, both recipes fine-tuning and from scratch, the clocks,
-    the CPU figures, the ratio and the results file), not the speed."""
+    the machinery (weights pretrained here, the four fine-tuning recipes and both from scratch, the
+    clocks, the CPU figures, the ratio against the fastest lab variant, the phases of one traced
+    job and the results file), not the speed."""
     argv = ["--workers", "1", "--images", "16", "--image-size", "32", "--batch", "4", "--target", "0",
-            "--scratch-target", "0", "--rounds", "1", "--scratch-rounds", "1", "--max-epochs", "1",
+            "--scratch-target", "0", "--rounds", "1", "--scratch-rounds", "1", "--max-epochs", "1", "--phase-epochs", "2",
             "--pretrain-steps", "6", "--weights-cache", str(tmp_path / "weights"),
             "--data-dir", str(tmp_path / "data"), "--results-dir", str(tmp_path / "results")]
     days = {datetime.date.today().isoformat()}
     result = subprocess.run([sys.executable, "benchmarks/time_to_accuracy.py", *argv],
-                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=900)
+                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=1200)
     days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     # The weights both recipes fine-tune from were made here, and the report says what that cost.
@@ -166,22 +177,43 @@ def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(t
                      rf"task\), 6 steps of 32 images at 32 px .* min, .* CPU min on .*; cached in {re.escape(str(made[0]))}\.$",
                      result.stdout, re.M), result.stdout
     fine, scratch = result.stdout.split("## From random weights")
+    scratch, phases = scratch.split("## Where the trainer's CPU goes")
     assert "## Fine-tuning, the lab's own setting" in fine and "not made for" in scratch.splitlines()[0]
-    row = (r"^\| 1 \| (lab|trainer \(\S+\)) \| (\d+\.\d) s \| 1 \| \d\.\d\d \| (\d+) \| (\d+\.\d) \| (\d+\.\d{3}) \| "
-           r"(\d+\.\d\d) \| (\d+\.\d\d) \| (yes|no) \|$")
-    for section in (fine, scratch):
+    row = (r"^\| 1 \| (lab|lab \+ preprocess_input|trainer \(\S+\)|trainer \(\S+\), batch-norm momentum 0\.99) \| "
+           r"(\d+\.\d) s \| 1 \| \d\.\d\d \| (\d+) \| (\d+\.\d) \| (\d+\.\d{3}) \| (\d+\.\d\d) \| (\d+\.\d\d) \| (yes|no) \|$")
+    for section, count in ((fine, 4), (scratch, 2)):
         rows = {name: values for name, *values in re.findall(row, section, re.M)}
-        assert len(rows) == 2, section
+        assert len(rows) == count, section
         for seconds, cpu, rate, cpu_per_image, cores, _, _ in rows.values():
             assert abs(float(cpu) / float(seconds) - float(cores)) < 0.1 + 0.05 * float(cores)
-    times = dict(re.findall(r"^\| 1 \| (lab|trainer \(\S+\)) \| (\d+\.\d) s \|", fine, re.M))
-    lab, trainer = (float(times[name]) for name in sorted(times))
-    ratio = float(re.search(r"^summary: trainer_over_lab=(\d+\.\d\d)$", result.stdout, re.M).group(1))
-    assert abs(ratio - trainer / lab) < 0.02, result.stdout  # one clean round: the ratio of the printed times
-    assert re.search(r"^When both fine-tune, the trainer took x(\d+\.\d\d) the lab's time", fine, re.M).group(1) == f"{ratio:.2f}"
+    rows = {name: values for name, *values in re.findall(row, fine, re.M)}
+    lab_names = [name for name in rows if name.startswith("lab")]
+    trainer = next(name for name in rows if name.startswith("trainer") and "momentum" not in name)
+    summary = re.search(r"^summary: trainer_over_lab=(\d+\.\d\d) against=(lab|lab-preprocessed) from=(wall|cpu) "
+                        r"spread=(\d+\.\d\d)-(\d+\.\d\d) rounds=1/1$", result.stdout, re.M)
+    assert summary, result.stdout
+    # Both lab variants reached a target of 0 after one epoch: the faster is the one compared.
+    against = {"lab": "lab", "lab-preprocessed": "lab + preprocess_input"}[summary.group(2)]
+    assert float(rows[against][0]) == min(float(rows[name][0]) for name in lab_names)
+    ratio = float(summary.group(1))
+    if summary.group(3) == "wall":  # one clean round with the same cores: the ratio of the printed times
+        assert abs(ratio - float(rows[trainer][0]) / float(rows[against][0])) < 0.02, result.stdout
+    else:  # else of the CPU seconds to the target
+        assert abs(ratio - float(rows[trainer][1]) / float(rows[against][1])) < 0.02 + 0.05 * ratio, result.stdout
+    assert summary.group(4) == summary.group(5) == summary.group(1)  # one round: no spread
+    assert re.search(rf"^Against the fastest lab variant that reaches the target \({re.escape(against)}\), the trainer took "
+                     rf"x{ratio:.2f} ", fine, re.M)
+    assert re.search(r"^At batch-norm momentum 0\.99, the trainer took x\d+\.\d\d its default 0\.9's time", fine, re.M)
     assert re.search(r"^The pretrained weights (help|DO NOT help): ", scratch, re.M)
+    # The traced job: every phase from start-up to exit, adding up to the whole job's CPU.
+    phase_rows = re.findall(r"^\| ([^|]+) \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d\d) \| (\d+\.\d{4}) \| [^|]*\|$", phases, re.M)
+    names = [name for name, *_ in phase_rows]
+    assert names[0].startswith("start-up") and names[-1] == "whole job" and "exit" in names, phases
+    assert any(name.startswith("epoch 1:") for name in names) and any("train steps" in name for name in names), phases
+    total = float(phase_rows[-1][2])
+    assert total > 0 and abs(sum(float(cpu) for _, _, cpu, _, _ in phase_rows[:-1]) - total) < 0.2 + 0.01 * total, phases
     text = results_file(tmp_path / "results", "time_to_accuracy", result.stdout, argv, days)
-    assert f"summary: trainer_over_lab={ratio:.2f}" in text and "| 1 | lab |" in text and "`others' cores`: what other processes" in text
+    assert summary.group(0) in text and "| 1 | lab |" in text and "`others' cores`: what other processes" in text
     assert renders_again(tmp_path / "results", "time_to_accuracy")
 
 

@@ -157,20 +157,66 @@ def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte
     monkeypatch.setattr(machine, "cpu_model", lambda: "AMD EPYC (family 25, model 1): avx2")
     args = argparse.Namespace(images=384, image_size=64, batch=16, workers=2, target=0.7, scratch_target=0.6)
     run = time_to_accuracy.run_of
-    fine = ([run(tta_run("lab", 120.5, [(60.0, 0.4), (120.5, 0.72)], rounds.Sample(120.5, 150.0, 768, 0.0, 0.0)))],
-            [run(tta_run("trainer (mixed_bfloat16)", 58.0, [(30.0, 0.5), (58.0, 0.78)], sample(13.3, 1.8, 768)))])
-    scratch = ([run(tta_run("lab", None, [(300.0, 0.2), (600.0, 0.2)], sample(2.6, 1.2, 1536)))],
-               [run(tta_run("trainer (mixed_bfloat16)", 92.7, [(50.0, 0.48), (92.7, 0.71)], sample(16.6, 1.8, 1536)))])
-    raw = time_to_accuracy.raw_data(args, "weights made here", fine, scratch)
+    fine = {"lab": [run(tta_run("lab", 120.5, [(60.0, 0.4), (120.5, 0.72)], rounds.Sample(120.5, 150.0, 768, 0.0, 0.0)))],
+            "trainer": [run(tta_run("trainer (mixed_bfloat16)", 58.0, [(30.0, 0.5), (58.0, 0.78)],
+                                    sample(13.3, 1.8, 768)))]}
+    scratch = {"lab": [run(tta_run("lab", None, [(300.0, 0.2), (600.0, 0.2)], sample(2.6, 1.2, 1536)))],
+               "trainer": [run(tta_run("trainer (mixed_bfloat16)", 92.7, [(50.0, 0.48), (92.7, 0.71)],
+                                       sample(16.6, 1.8, 1536)))]}
+    # One traced job: the chief's marks (what, seconds, epoch, the steps' span, CPU seconds) and the
+    # CPU where each later epoch's steps ended.
+    phases = {"epochs": 2, "exit": 0, "wall": 60.0, "cpu": 100.0, "images_per_epoch": 384, "validation_images": 96,
+              "marks": [["first line", 4.0, None, None, 6.0], ["precision", 9.0, None, None, 14.0],
+                        ["begins", 12.0, 1, None, 19.0], ["ends", 30.0, 1, None, 52.0],
+                        ["steps", 30.1, 1, 10.0, 52.1], ["begins", 30.2, 2, None, 52.2], ["ends", 50.0, 2, None, 88.0],
+                        ["steps", 50.1, 2, 15.0, 88.1], ["saved", 55.0, None, None, 95.0]],
+              "steps_end_cpu": [[2, 80.0]]}
+    raw = time_to_accuracy.raw_data(args, "weights made here", fine, scratch, phases)
     body = time_to_accuracy.report(raw)
     path = Path(machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-02", body,
                                       root=str(tmp_path), raw=raw))
     saved = json.loads(path.with_suffix(".json").read_text())
     assert rendered(saved) == path.read_text()
-    assert "| 1 | lab | 120.5 s | 2 | 0.40 0.72 |" in path.read_text() and "summary: trainer_over_lab=0.48" in body
+    assert "| 1 | lab | 120.5 s | 2 | 0.40 0.72 |" in path.read_text()
+    # The lab had 1.24 cores and the trainer 1.8: not the same cores, so the ratio is of CPU seconds (104 over 150).
+    assert body.endswith("summary: trainer_over_lab=0.69 against=lab from=cpu spread=0.69-0.69 rounds=1/1"), body
+    # Epoch 2's steps ran from 30.2 s for their own 15.0 s, 27.8 CPU s; the rest of it, to 50.0 s, validated.
+    assert "| epoch 2: train steps (their own span) | 15.0 | 27.8 | 1.85 | 0.0362 | 0.0724 |" in body
+    assert "| epoch 2: validation, checkpoint and TensorBoard writes | 4.8 | 8.0 | 1.67 | 0.0104 | 0.0833 |" in body
+    assert "| whole job | 60.0 | 100.0 | 1.67 | 0.1302 | |" in body
     # A later run without raw data leaves no stale .json behind to disagree with its .md.
     machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-03", body, root=str(tmp_path))
     assert not path.with_suffix(".json").exists()
+
+
+def tta(reached, cores: float, cpu: float | None = None):
+    import time_to_accuracy
+
+    wall = reached or 400.0
+    return time_to_accuracy.Run("x", 768, [(wall, 0.72 if reached else 0.2)], reached, wall, "",
+                                rounds.Sample(wall, cpu if cpu is not None else cores * wall, 768, 0.0, 0.0))
+
+
+def test_time_to_accuracy_compares_the_trainer_with_the_fastest_lab_variant_that_reaches_the_target():
+    import time_to_accuracy
+
+    recipes = {"lab": [tta(None, 1.8)] * 3,
+               "lab-preprocessed": [tta(130.0, 1.8), tta(120.0, 1.8), tta(140.0, 1.8)],
+               "trainer": [tta(42.0, 1.8), tta(48.0, 1.8), tta(40.0, 1.8)]}
+    assert time_to_accuracy.best_lab(recipes) == "lab-preprocessed"
+    result = time_to_accuracy.verdict(recipes["lab-preprocessed"], recipes["trainer"], 0.7)
+    assert result.measure == "wall" and not result.bound and result.rounds == "3/3"
+    assert abs(result.value - 42.0 / 130.0) < 1e-9 and result.spread == (40.0 / 140.0, 48.0 / 120.0)
+    # A round where the lab's run got one core (the trainer two) is left out of the wall ratio;
+    # with two of three left, the ratio comes from CPU seconds to the target instead.
+    recipes["lab-preprocessed"][1] = tta(220.0, 0.9)
+    recipes["lab-preprocessed"][2] = tta(240.0, 0.95)
+    result = time_to_accuracy.verdict(recipes["lab-preprocessed"], recipes["trainer"], 0.7)
+    assert result.measure == "cpu" and "CPU seconds" in result.text
+    # No lab variant reaches the target: the trainer's time is over their limit, and says so.
+    none = {"lab": [tta(None, 1.8)] * 2, "lab-preprocessed": [tta(None, 1.8)] * 2, "trainer": [tta(42.0, 1.8)] * 2}
+    assert time_to_accuracy.best_lab(none) is None
+    assert time_to_accuracy.verdict(none["lab"], none["trainer"], 0.7).bound
 
 
 def serving_level(concurrency: int, images_per_s: float, others: float) -> dict:
