@@ -326,7 +326,7 @@ class Verdict:
     @property
     def summary(self) -> str:
         if self.value is None:
-            return "none"
+            return "=none"
         return f"{'<=' if self.bound else '='}{self.value:.2f}"
 
 
@@ -467,6 +467,7 @@ class CpuTrace:
         return before[1] + (after[1] - before[1]) * (moment - before[0]) / (after[0] - before[0])
 
 
+FIRST_LOG_LINE = re.compile(r"^\[chief-0\] \d\d:\d\d:\d\d trainer: ")
 # The chief's log lines that end a phase (trainer.precision, trainer.callbacks.EpochLog, trainer.saving).
 PHASE_LINES = {
     "precision": re.compile(r"^\[chief-0\] .*trainer: precision: "),
@@ -488,7 +489,9 @@ def trace_phases(args, data_root: str, work: str, weights: str, epochs: int) -> 
     marks: list[list] = []  # [what, seconds since start, epoch or None, the steps' own seconds or None]
     for line in launcher.stdout:
         moment = time.monotonic() - started
-        if line.startswith("[chief-0] ") and not any(mark[0] == "first line" for mark in marks):
+        # The chief's first line in the trainer's log format comes after Python, the imports and
+        # the command line's parsing (earlier lines are TensorFlow's and the relay's).
+        if FIRST_LOG_LINE.search(line) and not any(mark[0] == "first line" for mark in marks):
             marks.append(["first line", moment, None, None])
         for what, pattern in PHASE_LINES.items():
             found = pattern.search(line)
@@ -533,7 +536,7 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
             rows.append((name, mark[0] - at[0], mark[1] - at[1], images))
             at = mark[:2]
 
-    until("start-up: Python, imports, the launcher", marks.get(("first line", None)))
+    until("start-up: the launcher, Python, imports, parsing", marks.get(("first line", None)))
     until("strategy and precision probe", marks.get(("precision", None)))
     until("data and model set-up", marks.get(("begins", 1)))
     until("epoch 1: first-step tracing, steps, first validation (its tracing too), saves", marks.get(("ends", 1)),
