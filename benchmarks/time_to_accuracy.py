@@ -51,12 +51,14 @@ The second table trains the lab and the trainer from random weights (--scratch-r
 it out): the lab's recipe is not made for that, and it says so. Its trainer run also checks the
 pretrained weights: fine-tuning from them must reach the target sooner than from random weights.
 
-Where the trainer's CPU goes (--phase-epochs, 0 to leave it out): one more trainer job,
-fine-tuning, runs to its end; its whole process tree's CPU is sampled every 0.1 s and split at
-the moments its chief's log lines arrive (start-up and imports, strategy and precision probe,
-data and model set-up, epoch 1 with the first step's tracing, the later epochs' train steps over
-the span the steps measure themselves, their validation and saves, the export, the exit), each
-per image trained.
+Where the CPU goes (--phase-epochs, 0 to leave it out): one more job of the trainer and one of the
+lab's recipe (with preprocess_input) run to their end; their processes' CPU is sampled every
+0.1 s and split at the moments their chiefs' log lines (the lab's: JSON marks) arrive: start-up
+and imports, the strategy and precision probe (the trainer's), data and model set-up, epoch 1
+with its tracing, the later epochs' train steps (over the span the trainer's steps measure
+themselves; the lab's from each epoch's start to its validation's), their validation and
+epoch-end work, the gaps between epochs, the export (the trainer's) and the exit, each per image
+trained; a line compares the two per image.
 
 The last line, `summary: trainer_over_lab=R against=RECIPE from=wall|cpu spread=LO-HI rounds=K/N`
 (or `<=R against=none`), is the fine-tuning comparison. The results go to
@@ -117,11 +119,18 @@ class Run:
 
 def lab_task(args) -> int:
     """The codelab's task.py on generated TFRecords, plus validation each epoch; prints one JSON
-    line per epoch on the chief."""
+    line per epoch on the chief, and JSON marks of where the job is (after the imports, at the
+    start of each epoch and of its validation) that the benchmark's phase trace reads; they change
+    nothing in the recipe."""
     import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported, as the trainer does)
     import tensorflow as tf
 
     from cassava import data
+
+    def mark(what, epoch=None):
+        print(json.dumps({"mark": what, "epoch": epoch}), flush=True)  # only the chief's output is read
+
+    mark("imported")
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     tf.keras.utils.set_random_seed(args.seed)
@@ -160,9 +169,18 @@ def lab_task(args) -> int:
     chief = strategy.cluster_resolver.task_type in (None, "chief")
 
     class Report(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            mark("epoch", epoch + 1)
+
+        def on_test_begin(self, logs=None):
+            mark("validation", self.epoch)
+
         def on_epoch_end(self, epoch, logs=None):
+            self.epoch = epoch + 2  # the epoch the next validation belongs to
             if chief:
                 print(json.dumps({"epoch": epoch + 1, "val_accuracy": float(logs["val_accuracy"])}), flush=True)
+
+        epoch = 1
 
     model.fit(dataset("train-*", True), validation_data=dataset("validation-*", False), epochs=args.max_epochs,
               callbacks=[Report()], verbose=0)
@@ -228,14 +246,13 @@ def images_per_epoch(args) -> int:
     return max(1, args.images // global_batch) * global_batch
 
 
-def run_lab(args, data_dir: str, weights: str, target: float, preprocess: str = "unit") -> Run:
-    """The lab's job; `preprocess`: "unit" ([0, 1], the codelab's) or "resnet50" (preprocess_input)."""
+def start_lab(args, data_dir: str, weights: str, preprocess: str, epochs: int) -> list[subprocess.Popen]:
+    """The lab's job, one process per worker, the chief first (its output on a pipe);
+    `preprocess`: "unit" ([0, 1], the codelab's) or "resnet50" (preprocess_input)."""
     from trainer import launch
 
     cluster, tasks = launch.plan_cluster(args.workers, 0, False, launch.free_ports(args.workers))
-    started = time.monotonic()
     processes = []
-    clock = rounds_lib.Timer(lambda: sum(rounds_lib.tree_cpu_seconds(p.pid) for p in processes), baseline=0.0).start()
     for task in tasks:
         env = dict(os.environ, PYTHONPATH=REPO)
         if args.workers > 1:
@@ -243,13 +260,22 @@ def run_lab(args, data_dir: str, weights: str, target: float, preprocess: str = 
         chief = task.task_type == "chief"
         processes.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--lab-task", "--data", data_dir, "--batch", str(args.batch),
-             "--image-size", str(args.image_size), "--max-epochs", str(args.max_epochs), "--weights", weights,
+             "--image-size", str(args.image_size), "--max-epochs", str(epochs), "--weights", weights,
              "--seed", str(args.seed), "--lab-preprocess", preprocess],
             stdout=subprocess.PIPE if chief else subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
             start_new_session=True, env=env))
+    return processes
+
+
+def run_lab(args, data_dir: str, weights: str, target: float, preprocess: str = "unit") -> Run:
+    """The lab's job, watched until it reaches `target` (run_lab's `preprocess`: start_lab's)."""
+    started = time.monotonic()
+    processes: list[subprocess.Popen] = []
+    clock = rounds_lib.Timer(lambda: sum(rounds_lib.tree_cpu_seconds(p.pid) for p in processes), baseline=0.0).start()
+    processes += start_lab(args, data_dir, weights, preprocess, args.max_epochs)
 
     def parse(line):
-        return json.loads(line)["val_accuracy"] if line.startswith("{") else None
+        return json.loads(line).get("val_accuracy") if line.startswith("{") else None
 
     run = Run(RECIPES["lab-preprocessed" if preprocess == "resnet50" else "lab"], images_per_epoch(args))
     watch(run, processes, processes[0].stdout, parse, target, args.max_seconds, started, signal.SIGKILL, clock)
@@ -478,48 +504,86 @@ PHASE_LINES = {
 }
 
 
-def trace_phases(args, data_root: str, work: str, weights: str, epochs: int) -> dict:
-    """One trainer job (the default recipe, fine-tuning) run to its end over `epochs` epochs, its
-    whole process tree's CPU sampled every 0.1 s, and the moments its chief's log lines arrive:
-    the raw data of phase_table."""
+def follow(processes: list[subprocess.Popen], classify, started: float, epochs: int, images: int,
+           validation_images: int) -> dict:
+    """Reads the chief's output (processes[0]) to its end, `classify(line)` giving a mark
+    [what, epoch or None, the steps' own seconds or None] or None; samples every process tree's CPU
+    meanwhile. Returns the raw data of phase_rows: the marks with their moments and CPU seconds."""
     reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    trace = CpuTrace(lambda: sum(rounds_lib.tree_cpu_seconds(p.pid) for p in processes)).start()
+    marks: list[list] = []  # [what, seconds since start, epoch or None, the steps' own seconds or None]
+    for line in processes[0].stdout:
+        moment = time.monotonic() - started
+        found = classify(line)
+        if found and not (found[0] == "first line" and any(mark[0] == "first line" for mark in marks)):
+            marks.append([found[0], moment, *found[1:]])
+    codes = [process.wait() for process in processes]
+    ended = time.monotonic() - started
+    # Once reaped, the processes' CPU (with their own reaped children's) is this process's children's.
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    trace.stop((reaped.ru_utime + reaped.ru_stime) - (reaped_before.ru_utime + reaped_before.ru_stime))
+    for mark in marks:
+        mark.append(trace.at(started + mark[1]))
+    begins = {mark[2]: mark[1] for mark in marks if mark[0] == "begins"}
+    spans = {mark[2]: mark[3] for mark in marks if mark[0] == "steps"}
+    return {"epochs": epochs, "exit": max(codes, key=abs), "wall": ended, "cpu": trace.samples[-1][1], "marks": marks,
+            "steps_end_cpu": [[epoch, trace.at(started + begins[epoch] + span)] for epoch, span in spans.items()
+                              if epoch in begins],
+            "images_per_epoch": images, "validation_images": validation_images}
+
+
+def trace_trainer(args, data_root: str, work: str, weights: str, epochs: int) -> dict:
+    """One trainer job (every default, fine-tuning) run to its end over `epochs` epochs; phases
+    from its chief's log lines, the steps' span from the epoch's input line (trainer.input_wait)."""
     started = time.monotonic()
     launcher = start_trainer(args, data_root, work, weights, epochs, None)
-    trace = CpuTrace(lambda: rounds_lib.tree_cpu_seconds(launcher.pid)).start()
-    marks: list[list] = []  # [what, seconds since start, epoch or None, the steps' own seconds or None]
-    for line in launcher.stdout:
-        moment = time.monotonic() - started
-        # The chief's first line in the trainer's log format comes after Python, the imports and
-        # the command line's parsing (earlier lines are TensorFlow's and the relay's).
-        if FIRST_LOG_LINE.search(line) and not any(mark[0] == "first line" for mark in marks):
-            marks.append(["first line", moment, None, None])
+
+    def classify(line):
+        if FIRST_LOG_LINE.search(line):
+            # The chief's first line in the trainer's log format comes after Python, the imports
+            # and the command line's parsing (earlier lines are TensorFlow's and the relay's).
+            first = ["first line", None, None]
+        else:
+            first = None
         for what, pattern in PHASE_LINES.items():
             found = pattern.search(line)
             if found:
                 groups = found.groups()
-                marks.append([what, moment, int(groups[0]) if groups else None,
-                              float(groups[1]) if len(groups) > 1 else None])
-    code = launcher.wait()
-    ended = time.monotonic() - started
-    # Once reaped, the launcher's CPU and its tasks' (which it reaped) are this process's children's.
-    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    trace.stop((reaped.ru_utime + reaped.ru_stime) - (reaped_before.ru_utime + reaped_before.ru_stime))
-    # The CPU of the job at each mark, read off the trace (the job's tree as the launcher holds it;
-    # at the end, the launcher's own times with its reaped children).
-    for mark in marks:
-        mark.append(trace.at(started + mark[1]))
-    steps = {mark[2]: mark[3] for mark in marks if mark[0] == "steps"}
-    windows = []
-    for mark in marks:
-        if mark[0] == "begins" and mark[2] in steps:
-            windows.append([mark[2], trace.at(started + mark[1] + steps[mark[2]])])
-    return {"epochs": epochs, "exit": code, "wall": ended, "cpu": trace.samples[-1][1], "marks": marks,
-            "steps_end_cpu": windows, "images_per_epoch": images_per_epoch(args),
-            "validation_images": max(8, args.images // 4)}
+                return [what, int(groups[0]) if groups else None, float(groups[1]) if len(groups) > 1 else None]
+        return first
+
+    return follow([launcher], classify, started, epochs, images_per_epoch(args), max(8, args.images // 4))
+
+
+def trace_lab(args, data_dir: str, weights: str, epochs: int) -> dict:
+    """One job of the lab's recipe with preprocess_input (the lab variant that learns; the CPU
+    is the same either way) run to its end over `epochs` epochs; phases from its JSON marks, the
+    steps' span from each epoch's start to its validation's."""
+    started = time.monotonic()
+    processes = start_lab(args, data_dir, weights, "resnet50", epochs)
+    epoch_started: dict[int, float] = {}
+
+    def classify(line):
+        if not line.startswith("{"):
+            return None
+        record = json.loads(line)
+        what, epoch, moment = record.get("mark"), record.get("epoch"), time.monotonic() - started
+        if what == "imported":
+            return ["first line", None, None]
+        if what == "epoch":
+            epoch_started[epoch] = moment
+            return ["begins", epoch, None]
+        if what == "validation" and epoch in epoch_started:
+            return ["steps", epoch, moment - epoch_started[epoch]]
+        if "val_accuracy" in record:
+            return ["ends", record["epoch"], None]
+        return None
+
+    return follow(processes, classify, started, epochs, images_per_epoch(args), max(8, args.images // 4))
 
 
 def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
-    """(phase, wall seconds, CPU seconds, images it ran over) from trace_phases' raw data, in order.
+    """(phase, wall seconds, CPU seconds, images it ran over) from follow's raw data, in order.
     Epoch 1 stands alone (it holds the first step's tracing and the first validation's); each
     later epoch is split where its steps ended: at its start plus the steps' own span."""
     marks: dict[tuple[str, int | None], tuple[float, float, float | None]] = {}
@@ -539,7 +603,7 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
     until("start-up: the launcher, Python, imports, parsing", marks.get(("first line", None)))
     until("strategy and precision probe", marks.get(("precision", None)))
     until("data and model set-up", marks.get(("begins", 1)))
-    until("epoch 1: first-step tracing, steps, first validation (its tracing too), saves", marks.get(("ends", 1)),
+    until("epoch 1: the steps' and the validation's tracing, steps, validation, epoch-end work", marks.get(("ends", 1)),
           per_epoch)
     steady = [e for e in range(2, phases["epochs"] + 1)
               if all(key in marks for key in (("begins", e), ("ends", e), ("steps", e), ("ends", e - 1)))
@@ -553,7 +617,7 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
         last = marks[("ends", steady[-1])]
         rows.append((f"{span}: between one epoch's end and the next's start", gap_wall, gap_cpu, 0))
         rows.append((f"{span}: train steps (their own span)", steps_wall, steps_cpu, per_epoch * len(steady)))
-        rows.append((f"{span}: validation, checkpoint and TensorBoard writes", last[0] - at[0] - gap_wall - steps_wall,
+        rows.append((f"{span}: validation and epoch-end work", last[0] - at[0] - gap_wall - steps_wall,
                      last[1] - at[1] - gap_cpu - steps_cpu, validation * len(steady)))
         at = last[:2]
     until("export (float32 copy, SavedModel)", marks.get(("saved", None)))
@@ -561,33 +625,61 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
     return rows
 
 
-def phase_table(phases: dict) -> list[str]:
+PHASE_SOURCES = {
+    "trainer": "the trainer's (every default, fine-tuning), split at the moments its chief's log lines arrived; the "
+               "later epochs' steps over the span the steps measure themselves (trainer.input_wait); epoch-end work "
+               "holds its checkpoint and TensorBoard writes",
+    "lab": "the lab's with preprocess_input (the lab's own CPU is the same either way), split at the moments its "
+           "chief's marks arrived (after the imports, at each epoch's start and its validation's: the steps' span "
+           "runs from one to the other)",
+}
+
+
+def phase_table(phases: dict, who: str) -> list[str]:
+    """One traced job's phases (follow's raw data); `who`: "trainer" or "lab"."""
     trained = phases["epochs"] * phases["images_per_epoch"]
-    lines = [f"One trainer job fine-tuning for {phases['epochs']} epochs to its end ({trained} images trained, exit "
-             f"{phases['exit']}), its whole process tree's CPU sampled every 0.1 s and split at the moments its chief's "
-             f"log lines arrived; the steps' span is the one the steps measure themselves (trainer.input_wait). CPU "
-             f"per image trained spreads each phase over the whole job's {trained} images, so the column adds up to the "
-             f"job's; CPU per image of its own is the phase's over the images it ran (validation images for "
-             f"validation).", "",
+    lines = [f"### {'The trainer' if who == 'trainer' else 'The lab'}", "",
+             f"One job of {phases['epochs']} epochs to its end ({trained} images trained, exit {phases['exit']}): "
+             f"{PHASE_SOURCES[who]}. Its processes' CPU was sampled every 0.1 s. CPU per image trained spreads each "
+             f"phase over the job's {trained} images, so the column adds up to the job's; CPU per image of its own is "
+             f"the phase's over the images it ran (validation images for validation).", "",
              "| phase | wall s | CPU s | cores | CPU s per image trained | CPU s per image of its own |",
              "|---|---|---|---|---|---|"]
-    for name, wall, cpu, images in phase_rows(phases):
+    rows = phase_rows(phases)
+    for name, wall, cpu, images in rows:
         own = f"{cpu / images:.4f}" if images else "-"
         lines.append(f"| {name} | {wall:.1f} | {cpu:.1f} | {cpu / wall if wall > 0 else 0:.2f} | {cpu / trained:.4f} "
                      f"| {own} |")
     lines.append(f"| whole job | {phases['wall']:.1f} | {phases['cpu']:.1f} | {phases['cpu'] / phases['wall']:.2f} | "
                  f"{phases['cpu'] / trained:.4f} | |")
-    rows = phase_rows(phases)
     first = [row for row in rows if row[0].startswith("epoch 1:")]
     later = [row for row in rows if row[0].startswith(("epoch ", "epochs ")) and not row[0].startswith("epoch 1:")]
-    steady = len(range(2, phases["epochs"] + 1))
+    steady = phases["epochs"] - 1
     if first and later and steady:
         extra_wall = first[0][1] - sum(row[1] for row in later) / steady
         extra_cpu = first[0][2] - sum(row[2] for row in later) / steady
-        lines += ["", f"Epoch 1 took {extra_wall:.1f} s and {extra_cpu:.1f} CPU s more than a later epoch on average: the "
-                      f"first step's tracing and the first validation's, {extra_cpu / trained:.4f} CPU s per image "
-                      f"trained over this job's {phases['epochs']} epochs."]
+        lines += ["", f"Epoch 1 took {extra_wall:.1f} s and {extra_cpu:.1f} CPU s more than a later epoch on average "
+                      f"(tracing, first passes), {extra_cpu / trained:.4f} CPU s per image trained over this job's "
+                      f"{phases['epochs']} epochs."]
     return lines
+
+
+def phase_comparison(phases: dict) -> str:
+    """The two traced jobs side by side, per image: the whole job, the later epochs' steps and
+    their validation."""
+    def per_image(job, match):
+        rows = [row for row in phase_rows(job) if match(row[0]) and row[3]]
+        return sum(row[2] for row in rows) / sum(row[3] for row in rows) if rows else None
+
+    figures = []
+    for label, match in (("the later epochs' train steps", lambda name: "train steps" in name),
+                         ("their validation, per validation image", lambda name: "validation and epoch-end" in name)):
+        mine, theirs = per_image(phases["trainer"], match), per_image(phases["lab"], match)
+        if mine is not None and theirs is not None:
+            figures.append(f"{label} {mine:.4f} against {theirs:.4f} (x{mine / theirs:.2f})")
+    whole = [job["cpu"] / (job["epochs"] * job["images_per_epoch"]) for job in (phases["trainer"], phases["lab"])]
+    return (f"CPU seconds per image, the trainer's against the lab's: the whole job {whole[0]:.4f} against "
+            f"{whole[1]:.4f} (x{whole[0] / whole[1]:.2f})" + "".join(f"; {figure}" for figure in figures) + ".")
 
 
 # What report() reads of the command's options.
@@ -607,11 +699,12 @@ def run_of(record: dict) -> Run:
 def raw_data(args, weights_line: str, fine: dict[str, list[Run]], scratch: dict[str, list[Run]],
              phases: dict | None = None) -> dict:
     """Everything report() reads, as JSON values: the run's raw rounds, recipe by recipe in the
-    order the tables show them, and the phases of one trainer job (None when not traced)."""
+    order the tables show them, and the traced jobs ("trainer", "lab": follow's data; empty when
+    not traced)."""
     return {"options": {name: getattr(args, name) for name in REPORTED_OPTIONS}, "weights_line": weights_line,
             **{setting: [[name, [run_record(r) for r in runs]] for name, runs in recipes.items()]
                for setting, recipes in (("fine", fine), ("scratch", scratch))},
-            "phases": phases}
+            "phases": phases or {}}
 
 
 def ratio_line(subject: str, other: str, result: Verdict, target: float) -> str:
@@ -681,8 +774,15 @@ def report(raw: dict) -> str:
         lines.append(f"From random weights: trainer_over_lab{scratch_verdict.summary}"
                      + (f" ({scratch_verdict.text})." if scratch_verdict.value is not None else "."))
         lines.append(pretraining_check(mine, scratch.get("trainer", [])))
-    if raw.get("phases"):
-        lines += ["", "## Where the trainer's CPU goes", "", *phase_table(raw["phases"])]
+    phases = raw.get("phases") or {}
+    if phases:
+        lines += ["", "## Where the CPU goes, phase by phase", ""]
+        for who in ("trainer", "lab"):
+            if who in phases:
+                lines += [*phase_table(phases[who], who), ""]
+        if "trainer" in phases and "lab" in phases:
+            lines += [phase_comparison(phases), ""]
+        lines.pop()
     spread = (f" spread={main_verdict.spread[0]:.2f}-{main_verdict.spread[1]:.2f}"
               if main_verdict.spread and main_verdict.value is not None else "")
     lines += ["", f"summary: trainer_over_lab{main_verdict.summary} against={against or 'none'} "
@@ -774,10 +874,12 @@ def main(argv=None) -> int:
         fine = rounds(args.rounds, recipes, weights, args.target, args.max_seconds)
         scratch = rounds(args.scratch_rounds, ["lab", "trainer"], "none", args.scratch_target,
                          args.scratch_max_seconds) if args.scratch_rounds else {}
-        phases = None
+        phases = {}
         if args.phase_epochs:
-            print(f"one trainer job of {args.phase_epochs} epochs, its CPU split by phase", flush=True)
-            phases = trace_phases(args, data_root, os.path.join(work, "trainer"), weights, args.phase_epochs)
+            print(f"one job of each of the trainer and the lab (with preprocess_input), {args.phase_epochs} epochs, "
+                  f"their CPU split by phase", flush=True)
+            phases["trainer"] = trace_trainer(args, data_root, os.path.join(work, "trainer"), weights, args.phase_epochs)
+            phases["lab"] = trace_lab(args, data_dir, weights, args.phase_epochs)
     raw = raw_data(args, weights_line, fine, scratch, phases)
     text = report(raw)
     print(text)

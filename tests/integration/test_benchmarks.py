@@ -177,7 +177,7 @@ def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(t
                      rf"task\), 6 steps of 32 images at 32 px .* min, .* CPU min on .*; cached in {re.escape(str(made[0]))}\.$",
                      result.stdout, re.M), result.stdout
     fine, scratch = result.stdout.split("## From random weights")
-    scratch, phases = scratch.split("## Where the trainer's CPU goes")
+    scratch, phases = scratch.split("## Where the CPU goes, phase by phase")
     assert "## Fine-tuning, the lab's own setting" in fine and "not made for" in scratch.splitlines()[0]
     row = (r"^\| 1 \| (lab|lab \+ preprocess_input|trainer \(\S+\)|trainer \(\S+\), batch-norm momentum 0\.99) \| "
            r"(\d+\.\d) s \| 1 \| \d\.\d\d \| (\d+) \| (\d+\.\d) \| (\d+\.\d{3}) \| (\d+\.\d\d) \| (\d+\.\d\d) \| (yes|no) \|$")
@@ -205,13 +205,19 @@ def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(t
                      rf"x{ratio:.2f} ", fine, re.M)
     assert re.search(r"^At batch-norm momentum 0\.99, the trainer took x\d+\.\d\d its default 0\.9's time", fine, re.M)
     assert re.search(r"^The pretrained weights (help|DO NOT help): ", scratch, re.M)
-    # The traced job: every phase from start-up to exit, adding up to the whole job's CPU.
-    phase_rows = re.findall(r"^\| ([^|]+) \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d\d) \| (\d+\.\d{4}) \| [^|]*\|$", phases, re.M)
-    names = [name for name, *_ in phase_rows]
-    assert names[0].startswith("start-up") and names[-1] == "whole job" and "exit" in names, phases
-    assert any(name.startswith("epoch 1:") for name in names) and any("train steps" in name for name in names), phases
-    total = float(phase_rows[-1][2])
-    assert total > 0 and abs(sum(float(cpu) for _, _, cpu, _, _ in phase_rows[:-1]) - total) < 0.2 + 0.01 * total, phases
+    # The traced jobs, the trainer's and the lab's: every phase from start-up to exit, adding up to the whole job's CPU.
+    trainer_phases, lab_phases = phases.split("### The trainer")[1].split("### The lab")
+    for section in (trainer_phases, lab_phases):
+        phase_rows = re.findall(r"^\| ([^|]+) \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d\d) \| (\d+\.\d{4}) \| [^|]*\|$",
+                                section, re.M)
+        names = [name for name, *_ in phase_rows]
+        assert names[0].startswith("start-up") and names[-1] == "whole job" and "exit" in names, section
+        assert any(name.startswith("epoch 1:") for name in names) and any("train steps" in name for name in names), section
+        total = float(phase_rows[-1][2])
+        assert total > 0 and abs(sum(float(cpu) for _, _, cpu, _, _ in phase_rows[:-1]) - total) < 0.2 + 0.01 * total, section
+    assert "export (float32 copy, SavedModel)" in trainer_phases and "export" not in lab_phases
+    assert re.search(r"^CPU seconds per image, the trainer's against the lab's: the whole job \d+\.\d{4} against "
+                     r"\d+\.\d{4} \(x\d+\.\d\d\); the later epochs' train steps ", lab_phases, re.M), lab_phases
     text = results_file(tmp_path / "results", "time_to_accuracy", result.stdout, argv, days)
     assert summary.group(0) in text and "| 1 | lab |" in text and "`others' cores`: what other processes" in text
     assert renders_again(tmp_path / "results", "time_to_accuracy")
