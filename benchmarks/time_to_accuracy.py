@@ -53,12 +53,12 @@ pretrained weights: fine-tuning from them must reach the target sooner than from
 
 Where the CPU goes (--phase-epochs, 0 to leave it out): one more job of the trainer and one of the
 lab's recipe (with preprocess_input) run to their end; their processes' CPU is sampled every
-0.1 s and split at the moments their chiefs' log lines (the lab's: JSON marks) arrive: start-up
-and imports, the strategy and precision probe (the trainer's), data and model set-up, epoch 1
-with its tracing, the later epochs' train steps (over the span the trainer's steps measure
-themselves; the lab's from each epoch's start to its validation's), their validation and
-epoch-end work, the gaps between epochs, the export (the trainer's) and the exit, each per image
-trained; a line compares the two per image.
+0.1 s and split at the moments their chiefs' log lines (the lab's: JSON marks) arrive: start-up,
+TensorFlow's import with the strategy and the precision probe (the trainer's), data and model
+set-up, epoch 1 with its tracing, the later epochs' train steps (over the span the trainer's
+steps measure themselves; the lab's from each epoch's start to its validation's), their
+validation and epoch-end work, the gaps between epochs, the export (the trainer's) and the exit,
+each per image trained; a line compares the two per image.
 
 The last line, `summary: trainer_over_lab=R against=RECIPE from=wall|cpu spread=LO-HI rounds=K/N`
 (or `<=R against=none`), is the fine-tuning comparison. The results go to
@@ -600,8 +600,11 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
             rows.append((name, mark[0] - at[0], mark[1] - at[1], images))
             at = mark[:2]
 
-    until("start-up: the launcher, Python, imports, parsing", marks.get(("first line", None)))
-    until("strategy and precision probe", marks.get(("precision", None)))
+    # The trainer logs its first line before it imports TensorFlow (cassava.task imports it inside
+    # the task's methods); the lab's first mark comes after.
+    until("start-up: the launcher, Python, the runtime's imports, parsing" if ("precision", None) in marks
+          else "start-up: Python, TensorFlow's import", marks.get(("first line", None)))
+    until("TensorFlow's import, the strategy, the precision probe", marks.get(("precision", None)))
     until("data and model set-up", marks.get(("begins", 1)))
     until("epoch 1: the steps' and the validation's tracing, steps, validation, epoch-end work", marks.get(("ends", 1)),
           per_epoch)
