@@ -502,6 +502,7 @@ PHASE_LINES = {
     "steps": re.compile(r"^\[chief-0\] .*trainer: epoch (\d+)/\d+ input: the steps waited \d+\.\d s of (\d+\.\d) s"),
     "saved": re.compile(r"^\[chief-0\] .*trainer: saved model to "),
 }
+BACKUP_LINE = re.compile(r"^\[chief-0\] .*trainer: backup saved in (\d+\.\d)s")
 
 
 def follow(processes: list[subprocess.Popen], classify, started: float, epochs: int, images: int,
@@ -526,10 +527,13 @@ def follow(processes: list[subprocess.Popen], classify, started: float, epochs: 
         mark.append(trace.at(started + mark[1]))
     begins = {mark[2]: mark[1] for mark in marks if mark[0] == "begins"}
     spans = {mark[2]: mark[3] for mark in marks if mark[0] == "steps"}
+    backups = [[mark[1] - mark[3], mark[1], trace.at(started + mark[1] - mark[3]), mark[4]]
+               for mark in marks if mark[0] == "backup"]
+    marks = [mark for mark in marks if mark[0] != "backup"]
     return {"epochs": epochs, "exit": max(codes, key=abs), "wall": ended, "cpu": trace.samples[-1][1], "marks": marks,
             "steps_end_cpu": [[epoch, trace.at(started + begins[epoch] + span)] for epoch, span in spans.items()
                               if epoch in begins],
-            "images_per_epoch": images, "validation_images": validation_images}
+            "images_per_epoch": images, "validation_images": validation_images, "backups": backups}
 
 
 def trace_trainer(args, data_root: str, work: str, weights: str, epochs: int) -> dict:
@@ -539,6 +543,9 @@ def trace_trainer(args, data_root: str, work: str, weights: str, epochs: int) ->
     launcher = start_trainer(args, data_root, work, weights, epochs, None)
 
     def classify(line):
+        backup = BACKUP_LINE.search(line)
+        if backup:  # it ended as it was logged, after the seconds it names
+            return ["backup", None, float(backup.group(1))]
         if FIRST_LOG_LINE.search(line):
             # The chief's first line in the trainer's log format comes after Python, the imports
             # and the command line's parsing (earlier lines are TensorFlow's and the relay's).
@@ -585,19 +592,27 @@ def trace_lab(args, data_dir: str, weights: str, epochs: int) -> dict:
 def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
     """(phase, wall seconds, CPU seconds, images it ran over) from follow's raw data, in order.
     Epoch 1 stands alone (it holds the first step's tracing and the first validation's); each
-    later epoch is split where its steps ended: at its start plus the steps' own span."""
+    later epoch is split where its steps ended: at its start plus the steps' own span. The
+    trainer's backups of its training state (each logged with its duration) are taken out of
+    the phase they fell in and shown in a row of their own."""
     marks: dict[tuple[str, int | None], tuple[float, float, float | None]] = {}
     for what, moment, epoch, steps, cpu in phases["marks"]:
         marks.setdefault((what, epoch), (moment, cpu, steps))
     steps_end = {epoch: cpu for epoch, cpu in phases["steps_end_cpu"]}
+    backups = phases.get("backups", [])
     per_epoch, validation = phases["images_per_epoch"], phases["validation_images"]
     rows: list[tuple[str, float, float, int]] = []
     at = (0.0, 0.0)
 
+    def less_backups(name: str, start: float, end: float, wall: float, cpu: float, images: int):
+        """The window (start, end] less the backups that ended in it."""
+        inside = [b for b in backups if start < b[1] <= end]
+        return (name, wall - sum(b[1] - b[0] for b in inside), cpu - sum(b[3] - b[2] for b in inside), images)
+
     def until(name: str, mark: tuple[float, float, float | None] | None, images: int = 0) -> None:
         nonlocal at
         if mark is not None:
-            rows.append((name, mark[0] - at[0], mark[1] - at[1], images))
+            rows.append(less_backups(name, at[0], mark[0], mark[0] - at[0], mark[1] - at[1], images))
             at = mark[:2]
 
     # The trainer logs its first line before it imports TensorFlow (cassava.task imports it inside
@@ -613,18 +628,26 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
               and e in steps_end]
     if steady and steady == list(range(2, steady[-1] + 1)):
         span = f"epochs {steady[0]}-{steady[-1]}" if len(steady) > 1 else f"epoch {steady[0]}"
-        steps_wall = sum(marks[("steps", e)][2] for e in steady)
-        steps_cpu = sum(steps_end[e] - marks[("begins", e)][1] for e in steady)
-        gap_wall = sum(marks[("begins", e)][0] - marks[("ends", e - 1)][0] for e in steady)
-        gap_cpu = sum(marks[("begins", e)][1] - marks[("ends", e - 1)][1] for e in steady)
-        last = marks[("ends", steady[-1])]
-        rows.append((f"{span}: between one epoch's end and the next's start", gap_wall, gap_cpu, 0))
-        rows.append((f"{span}: train steps (their own span)", steps_wall, steps_cpu, per_epoch * len(steady)))
-        rows.append((f"{span}: validation and epoch-end work", last[0] - at[0] - gap_wall - steps_wall,
-                     last[1] - at[1] - gap_cpu - steps_cpu, validation * len(steady)))
-        at = last[:2]
+        sums = {"gap": [0.0, 0.0], "steps": [0.0, 0.0], "validation": [0.0, 0.0]}
+        for e in steady:
+            previous, begins, ends = marks[("ends", e - 1)], marks[("begins", e)], marks[("ends", e)]
+            stepped = begins[0] + marks[("steps", e)][2]
+            windows = {"gap": (previous[0], begins[0], previous[1], begins[1]),
+                       "steps": (begins[0], stepped, begins[1], steps_end[e]),
+                       "validation": (stepped, ends[0], steps_end[e], ends[1])}
+            for key, (t0, t1, c0, c1) in windows.items():
+                _, wall, cpu, _ = less_backups(key, t0, t1, t1 - t0, c1 - c0, 0)
+                sums[key][0] += wall
+                sums[key][1] += cpu
+        rows.append((f"{span}: between one epoch's end and the next's start", *sums["gap"], 0))
+        rows.append((f"{span}: train steps (their own span)", *sums["steps"], per_epoch * len(steady)))
+        rows.append((f"{span}: validation and epoch-end work", *sums["validation"], validation * len(steady)))
+        at = marks[("ends", steady[-1])][:2]
     until("export (float32 copy, SavedModel)", marks.get(("saved", None)))
     until("exit", (phases["wall"], phases["cpu"], None))
+    if backups:
+        rows.append((f"backups of the training state ({len(backups)}, for restarts; out of the rows above)",
+                     sum(b[1] - b[0] for b in backups), sum(b[3] - b[2] for b in backups), 0))
     return rows
 
 

@@ -170,9 +170,9 @@ def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte
                         ["begins", 12.0, 1, None, 19.0], ["ends", 30.0, 1, None, 52.0],
                         ["steps", 30.1, 1, 10.0, 52.1], ["begins", 30.2, 2, None, 52.2], ["ends", 50.0, 2, None, 88.0],
                         ["steps", 50.1, 2, 15.0, 88.1], ["saved", 55.0, None, None, 95.0]],
-              "steps_end_cpu": [[2, 80.0]]}
+              "steps_end_cpu": [[2, 80.0]], "backups": [[47.0, 49.0, 84.0, 86.0]]}
     # The lab's job: no precision probe and no export; a wait between its epochs.
-    lab_phases = {**phases, "wall": 50.0, "cpu": 80.0,
+    lab_phases = {**phases, "wall": 50.0, "cpu": 80.0, "backups": [],
                   "marks": [["first line", 3.0, None, None, 5.0], ["begins", 10.0, 1, None, 15.0],
                             ["steps", 25.0, 1, 15.0, 40.0], ["ends", 28.0, 1, None, 44.0],
                             ["begins", 31.0, 2, None, 45.0], ["steps", 43.0, 2, 12.0, 70.0],
@@ -189,7 +189,9 @@ def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte
     assert body.endswith("summary: trainer_over_lab=0.69 against=lab from=cpu spread=0.69-0.69 rounds=1/1"), body
     # Epoch 2's steps ran from 30.2 s for their own 15.0 s, 27.8 CPU s; the rest of it, to 50.0 s, validated.
     assert "| epoch 2: train steps (their own span) | 15.0 | 27.8 | 1.85 | 0.0362 | 0.0724 |" in body
-    assert "| epoch 2: validation and epoch-end work | 4.8 | 8.0 | 1.67 | 0.0104 | 0.0833 |" in body
+    # The backup at the end of epoch 2 (47-49 s, 2 CPU s) comes out of its validation window into its own row.
+    assert "| epoch 2: validation and epoch-end work | 2.8 | 6.0 | 2.14 | 0.0078 | 0.0625 |" in body
+    assert "| backups of the training state (1, for restarts; out of the rows above) | 2.0 | 2.0 | 1.00 | 0.0026 | - |" in body
     assert "| whole job | 60.0 | 100.0 | 1.67 | 0.1302 | |" in body
     # The lab's epoch 2 began 3 s after epoch 1 ended (1 CPU s), stepped 12 s (25 CPU s), validated 3 s (5 CPU s).
     lab_section = body.split("### The lab")[1]
@@ -197,8 +199,8 @@ def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte
     assert "| epoch 2: train steps (their own span) | 12.0 | 25.0 | 2.08 | 0.0326 | 0.0651 |" in lab_section
     assert "| epoch 2: validation and epoch-end work | 3.0 | 5.0 | 1.67 | 0.0065 | 0.0521 |" in lab_section
     assert ("CPU seconds per image, the trainer's against the lab's: the whole job 0.1302 against 0.1042 (x1.25); the "
-            "later epochs' train steps 0.0724 against 0.0651 (x1.11); their validation, per validation image 0.0833 "
-            "against 0.0521 (x1.60).") in body
+            "later epochs' train steps 0.0724 against 0.0651 (x1.11); their validation, per validation image 0.0625 "
+            "against 0.0521 (x1.20).") in body
     # A later run without raw data leaves no stale .json behind to disagree with its .md.
     machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-03", body, root=str(tmp_path))
     assert not path.with_suffix(".json").exists()
