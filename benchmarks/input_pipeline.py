@@ -20,7 +20,8 @@ decoded uint8 image against the same resize on a float32 copy, in the pipeline (
 The tables go to stdout and to benchmarks/results/input_pipeline/KIND.md, one file per machine
 kind (benchmarks/machine.py), with a line saying whether the trainer meets its targets (epoch 1 at
 least the lab's at every N; later epochs at least 20x the lab's at the largest N); the last line is
-a machine-readable summary.
+a machine-readable summary. A line gives the decode-only pipeline's rate as a share of the
+machine's decode limit: one thread's JPEG decode rate, timed in the same run, times the cores.
 """
 
 from __future__ import annotations
@@ -127,6 +128,22 @@ def host_resize_ceiling(files: list[str], images: int = 128) -> tuple[float, flo
     decode_ms = single_thread_ms(encoded, lambda e: tf.io.decode_jpeg(e, channels=3)[0, 0, 0])
     resize_ms = single_thread_ms(encoded, lambda e: data.decode_resize(e, IMAGE_SIZE)[0, 0, 0])
     return decode_ms, resize_ms, decode_ms / resize_ms
+
+
+def decode_machine_limit(results: dict, decode_ms: float) -> tuple[str, dict[int, float]]:
+    """The decode-only pipeline's rate (the `limit` row, every core) against what the machine can
+    decode: one thread's JPEG decode rate, timed in this run (host_resize_ceiling), times the
+    cores. Below 1, tf.data leaves cores idle or spends them on something besides decoding.
+    Returns the line and, per N, that share."""
+    cores = os.cpu_count() or 1
+    one_core = 1e3 / decode_ms
+    shares = {n: r["limit"][0] / (one_core * cores) for n, r in sorted(results.items())}
+    line = (f"The machine's decode limit: one thread decodes {one_core:,.0f} img/s (timed above), times {cores} cores "
+            f"= {one_core * cores:,.0f} img/s. The decode-only pipeline reaches " + ", ".join(
+                f"x{share:.2f} of it at N={n} ({results[n]['limit'][0]:,.0f} img/s)" for n, share in shares.items())
+            + "; the trainer's epoch 1 " + ", ".join(
+                f"x{results[n]['trainer'][0] / (one_core * cores):.2f} at N={n}" for n in shares) + ".")
+    return line, shares
 
 
 def timed_epochs(dataset: tf.data.Dataset, batches_per_epoch: int, epochs: int) -> list[tuple[float, int]]:
@@ -413,6 +430,8 @@ def main(argv=None) -> int:
                     f"{resize_ms:.2f} ms/image, so a pipeline that resizes on the host reaches at most "
                     f"{ceiling:.2f} of the decode-only limit.")
     print(ceiling_line, flush=True)
+    machine_line, machine_shares = decode_machine_limit(results, decode_ms)
+    print(machine_line, flush=True)
     verdict = targets(results)
     if bucket:
         verdict += f"\n\n{bucket_verdict(results)} Every request to the bucket waited {args.latency_ms:.0f} ms."
@@ -423,6 +442,7 @@ def main(argv=None) -> int:
                                       for n in sorted(results))
                + f" n{largest}_epoch2_speedup={r['trainer'][1] / r['baseline'][1]:.2f}"
                f" n{largest}_decode_limit_fraction={r['trainer'][0] / r['limit'][0]:.2f}"
+               + "".join(f" n{n}_decode_share_of_cores={machine_shares[n]:.2f}" for n in sorted(results))
                + "".join(f" n{n}_bucket_vs_disk={results[n]['bucket'][0] / results[n]['trainer'][0]:.2f}"
                          for n in sorted(results) if "bucket" in results[n]))
     if args.results_dir:
@@ -430,7 +450,7 @@ def main(argv=None) -> int:
                 f"{IMAGE_SIZE} px, median of {repeats}. Images per second for worker 0.\n\n" + "\n".join(lines)
                 + ("\n\n" + "\n".join(stage_lines) if stages else "")
                 + (f"\n\n{resize_line}" if resize_line else "")
-                + f"\n\n{ceiling_line}\n\n{verdict}\n\n`{summary}`")
+                + f"\n\n{ceiling_line}\n\n{machine_line}\n\n{verdict}\n\n`{summary}`")
         path = write_results("input_pipeline", command_line("input_pipeline.py", argv),
                              datetime.date.today().isoformat(), body, args.results_dir)
         print(f"results: {path}", flush=True)

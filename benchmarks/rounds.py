@@ -13,9 +13,10 @@ So every timed round records both, plus what the rest of the machine did meanwhi
 Configurations are measured in interleaved rounds, so that a change of regime hits every one of
 them alike. A round is flagged when its cores depart from that configuration's median by more
 than CORES_TOLERANCE: its wall rate no longer tracks its CPU rate. Ratios then come from the
-measure that survives: the median over the rounds where no configuration was flagged of the
-round's wall-rate ratio, when at least half the rounds are clean; else the ratio of the median
-CPU seconds per image, which a lost core does not move.
+measure that survives: the median over the rounds where no configuration was flagged, and where
+the two configurations compared had the same cores (within CORES_TOLERANCE), of the round's
+wall-rate ratio, when at least half the rounds are such; else the ratio of the median CPU
+seconds per image, which a lost core does not move. Either way the line says which.
 """
 
 from __future__ import annotations
@@ -138,9 +139,10 @@ class Comparison:
 
     def describe(self) -> str:
         if self.measure == "wall":
-            return f"wall rate, median of the {self.clean_rounds} of {self.rounds} rounds where no configuration was flagged"
-        return (f"CPU seconds per image: only {self.clean_rounds} of {self.rounds} rounds kept their cores, so the "
-                f"wall rates mix regimes")
+            return (f"wall rate, median of the {self.clean_rounds} of {self.rounds} rounds where no configuration was "
+                    f"flagged and both had the same cores")
+        return (f"CPU seconds per image: only {self.clean_rounds} of {self.rounds} rounds kept their cores and gave both "
+                f"the same cores, so the wall rates mix regimes")
 
 
 def clean_rounds(table: dict[str, list[Sample]]) -> list[bool]:
@@ -149,11 +151,18 @@ def clean_rounds(table: dict[str, list[Sample]]) -> list[bool]:
     return [not any(column) for column in zip(*flagged)]
 
 
+def same_cores(x: Sample, y: Sample) -> bool:
+    """Whether two rounds ran on the same number of cores, within CORES_TOLERANCE."""
+    return abs(x.cores - y.cores) <= CORES_TOLERANCE * max(x.cores, y.cores)
+
+
 def compare(table: dict[str, list[Sample]], a: str, b: str) -> Comparison:
-    """How much faster `b` ran than `a`: per image, from the measure that survives."""
+    """How much faster `b` ran than `a`: per image, from the measure that survives. A round's wall
+    ratio counts only when nothing was flagged in it and `a` and `b` had the same cores in it: a
+    configuration that got (or used) more cores than the other would otherwise win by them."""
     clean = clean_rounds(table)
     rounds = len(clean)
-    kept = [i for i, ok in enumerate(clean) if ok]
+    kept = [i for i, ok in enumerate(clean) if ok and same_cores(table[a][i], table[b][i])]
     if kept and 2 * len(kept) >= rounds:
         value = statistics.median(table[b][i].rate / table[a][i].rate for i in kept)
         return Comparison(value, "wall", len(kept), rounds)

@@ -1,6 +1,7 @@
 """ResNet50 training throughput: the lab's configuration against the trainer's defaults, side by side.
 
-    python benchmarks/train_step.py [--steps 4] [--rounds 8] [--batch 16] [--image-size 160] [--results-dir DIR]
+    python benchmarks/train_step.py [--steps 4] [--rounds 8] [--batch 16] [--image-size 160] [--matmul-size 4096]
+                                    [--matmul-repeats 5] [--results-dir DIR]
 
 Every configuration trains the same ResNet50 + head on one generated batch already in memory, so
 only the train step is measured. Each configuration's model is built and compiled once, and a
@@ -21,9 +22,18 @@ rounds where nothing was flagged, or, when fewer than half are clean, from CPU p
   trainer, mixed_bfloat16      asked for explicitly, on a CPU: shows what bfloat16 does here
   trainer default + XLA + 8 steps/execution   on a GPU: the remaining speed flags
 
-The last line, `summary: default_over_lab=R default_over_best=B (...)`, gives the default's speed
-over the lab and over the faster of the trainer in float32 and in mixed_bfloat16 (on CPUs), and
-the measure they came from. The table also goes to benchmarks/results/train_step/KIND.md, one
+Distance to the machine's limit: before the rounds, `matmul_peak` times `tf.matmul` on two
+--matmul-size square operands in each precision a configuration multiplies in (float32, and
+bfloat16 for mixed_bfloat16), best of --matmul-repeats, on every core; `train_flops_per_image`
+counts a train step's FLOPs per image with TensorFlow's profiler. Each row's GFLOP/s is its wall
+rate times that, and its share of the peak in its own precision. The batch is fed with tf.data's
+autotuning off (in_memory_batches says why: with it on, every round ended on a mark of a
+doubling timer, which made the rates 25.0 or 12.5 images/s whatever the configuration).
+
+The last line, `summary: default_over_lab=R default_over_best=B default_share_of_peak=S (...)`,
+gives the default's speed over the lab and over the faster of the trainer in float32 and in
+mixed_bfloat16 (on CPUs), its share of the peak, and the measure the ratios came from (wall
+rates of rounds where both had the same cores, or CPU seconds per image). The table also goes to benchmarks/results/train_step/KIND.md, one
 file per machine kind (benchmarks/machine.py).
 """
 
@@ -34,6 +44,7 @@ import dataclasses
 import datetime
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainer import precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
@@ -42,6 +53,58 @@ import tensorflow as tf  # noqa: E402
 # benchmarks/ is first on the path when this runs as a script
 import rounds as rounds_lib  # noqa: E402
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
+
+
+# What each configuration's policy multiplies in: the peak it is measured against.
+POLICY_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+
+
+def matmul_peak(dtype: str, size: int = 4096, repeats: int = 5) -> float:
+    """This machine's matrix-multiply rate in `dtype`, FLOP/s: the best of `repeats` timed calls of
+    `tf.matmul` on two `size` x `size` operands, on every core TensorFlow's intra-op pool has (a
+    matmul of this size is split over all of them). 2 size^3 FLOPs a call. The result is reduced
+    to one element inside the function, so that copying it out costs nothing, while the whole
+    product is still computed (no graph rewrite slices a MatMul)."""
+    operands = [tf.cast(tf.random.stateless_uniform((size, size), (seed, 0)), dtype) for seed in (1, 2)]
+    product = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)[0, 0]))
+    product(*operands).numpy()  # traced, and oneDNN's kernel set up, outside the timing
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        product(*operands).numpy()
+        best = min(best, time.perf_counter() - started)
+    return 2.0 * size ** 3 / best
+
+
+FLOPS_SOURCE = ("counted by TensorFlow's profiler (tf.compat.v1.profiler, float_operation) on the graph of one "
+                "forward and backward pass of ResNet50 + the dense head at batch 1, float32; the optimizer's update "
+                "and the augmentation's resize are left out (well under 1%)")
+
+
+def train_flops_per_image(image_size: int) -> float:
+    """FLOPs of one image's forward and backward pass through ResNet50 (no top, average pooling)
+    and a 1024-unit dense head over 5 classes, at `image_size` px: the convolutions, their two
+    gradients (input and filter), batch normalisation and the dense layers, as the profiler's
+    registered statistics count them (a multiply-add is 2 FLOPs)."""
+    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    base = tf.keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
+                                          input_shape=(image_size, image_size, 3))
+    model = tf.keras.Sequential([base, tf.keras.layers.Dense(1024, activation="relu"),
+                                 tf.keras.layers.Dense(5, activation="softmax")])
+    loss = tf.keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            value = loss(labels, model(images, training=True))
+        return tape.gradient(value, model.trainable_variables)
+
+    graph = step.get_concrete_function(tf.TensorSpec([1, image_size, image_size, 3], tf.float32),
+                                       tf.TensorSpec([1], tf.int32)).graph
+    options = option_builder.ProfileOptionBuilder(
+        option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
+    return float(model_analyzer.profile(graph, options=options).total_float_ops)
 
 
 def lab_model(image_size: int) -> tf.keras.Model:
@@ -79,12 +142,39 @@ def trainer_model(policy: str, jit_compile: bool, image_size: int, steps_per_exe
         tf.keras.mixed_precision.set_global_policy("float32")
 
 
+def in_memory_batches(images, labels) -> tf.data.Dataset:
+    """One batch, repeated, with tf.data's autotuning off.
+
+    With autotuning on (tf.data's default), every iterator runs a thread that re-tunes the
+    pipeline at intervals doubling from 10 ms (tensorflow/core/framework/model.cc, the model's
+    optimisation loop; older releases in model_dataset_op.cc). Tearing the iterator down at the
+    end of `fit` often waited for that thread's next wake-up, at 10 ms x (2^k - 1) after the
+    iterator started: 2.55, 5.11 or 10.23 s. Every round of 4 steps (64 images) then ended on one
+    of those marks, whatever its configuration did in between: the 25.0, 12.5 and 6.25 images/s
+    every configuration landed on (64 / 2.56, 5.12, 10.24), and the "one core" of the lab's rounds,
+    which was CPU seconds divided by a wall time padded with that idle wait. (Measured here: a
+    4-step fit of a small dense model took 5.13 s where its steps ended at 3.14 s; 2.55 s where
+    they ended at 1.56 s; with autotuning off, it ended with its last step.) A repeated constant
+    has nothing to tune, so turning it off changes nothing but the wait. With this benchmark's own
+    lab model (160 px, batch 16, 4 steps a round, on a busy machine): autotuning on, `fit`
+    returned at 10.25, 10.25 and 20.48 s where its fourth step ended at 9.15, 9.76 and 10.98 s
+    (6.24 and 3.13 images/s, the 6.25 and 3.12 of earlier results files); off, within 0.01 s of
+    its fourth step, every round.
+    All configurations run in this one process, on the same TensorFlow thread pools (inter- and
+    intra-op, sized once at the first op); nothing here pins or serialises threads per
+    configuration."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return tf.data.Dataset.from_tensors((images, labels)).repeat().with_options(options)
+
+
 class Configuration:
     """A model built once, and a round of `steps` train steps on one in-memory batch."""
 
-    def __init__(self, name: str, model: tf.keras.Model, images, labels, steps_per_execution: int = 1):
-        self.name, self.model = name, model
-        self.dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    def __init__(self, name: str, model: tf.keras.Model, images, labels, steps_per_execution: int = 1,
+                 policy: str = "float32"):
+        self.name, self.model, self.policy = name, model, policy
+        self.dataset = in_memory_batches(images, labels)
         self.batch = int(images.shape[0])
         self.steps_per_execution = steps_per_execution
 
@@ -99,7 +189,7 @@ def configurations(default_policy: str, gpu: bool, batch: int, image_size: int) 
     images, labels = selfcheck.generated_batch(batch, image_size)
 
     def trainer(name, policy, jit=False, spe=1):
-        return Configuration(name, trainer_model(policy, jit, image_size, spe), images, labels, spe)
+        return Configuration(name, trainer_model(policy, jit, image_size, spe), images, labels, spe, policy)
 
     configs = [Configuration("lab (float32, float32 input)", lab_model(image_size), images.astype("float32") / 255.0,
                              labels),
@@ -129,14 +219,25 @@ def report(raw: dict) -> str:
     """The results file's body, from the run's raw rounds alone (main's `raw`)."""
     table = {name: [rounds_lib.Sample(**sample) for sample in samples] for name, samples in raw["table"].items()}
     options, lab_name, default_name = raw["options"], raw["lab"], raw["default"]
-    header = ("| configuration | images/s (wall) | CPU s/image | cores | others' cores | rounds flagged | over the lab |\n"
-              "|---|---|---|---|---|---|---|")
+    flops, peaks, dtypes = raw["flops_per_image"], raw["peaks"], raw["dtypes"]
+    header = ("| configuration | images/s (wall) | CPU s/image | cores | others' cores | rounds flagged | over the lab "
+              "| GFLOP/s | share of the peak |\n|---|---|---|---|---|---|---|---|---|")
     lines = [header]
+    shares = {}
     for name, samples in table.items():
         rate, cpu, cores, others, flagged = rounds_lib.summary_row(samples)
         over = rounds_lib.compare(table, lab_name, name)
+        achieved = rate * flops
+        shares[name] = achieved / peaks[dtypes[name]]
         lines.append(f"| {name} | {rate:.2f} | {cpu:.4f} | {cores:.2f} | {others:.2f} | {flagged} of {len(samples)} "
-                     f"| x{over.value:.2f} |")
+                     f"| x{over.value:.2f} | {achieved / 1e9:.0f} | {shares[name]:.0%} of {dtypes[name]} |")
+    matmul = raw["matmul"]
+    peak_line = (f"Peak: `tf.matmul` of two {matmul['size']}x{matmul['size']} operands on every core, best of "
+                 f"{matmul['repeats']}, measured in this run: "
+                 + ", ".join(f"{peaks[dtype] / 1e9:.0f} GFLOP/s in {dtype}" for dtype in sorted(peaks))
+                 + f". A train step costs {flops / 1e9:.2f} GFLOP per image at {options['image_size']} px, "
+                 f"{raw['flops_source']}. GFLOP/s: the wall rate times that; its share of the peak in the "
+                 f"configuration's own precision.")
     clean = rounds_lib.clean_rounds(table)
     per_round = ["| round | " + " | ".join(table) + " | flagged |", "|---|" + "---|" * (len(table) + 1)]
     flagged = {name: rounds_lib.flags(samples) for name, samples in table.items()}
@@ -154,11 +255,12 @@ def report(raw: dict) -> str:
     over_best_value = min(over_best.value, 1.0) if others else 1.0
     measure_line = f"Ratios from {over_lab.describe()}."
     summary = (f"summary: default_over_lab={over_lab.value:.2f} default_over_best={over_best_value:.2f} "
+               f"default_share_of_peak={shares[default_name]:.2f} "
                f"(batch {options['batch']}, {options['image_size']} px, {options['rounds']} rounds of {options['steps']} "
                f"steps, from {over_lab.measure})")
     return (f"TensorFlow {raw['tensorflow']}; {raw['device']}. The `others' cores` column: what other processes on the "
             f"machine used while each configuration ran (0 on a quiet machine).\n\n" + "\n".join(lines)
-            + "\n\n" + "\n".join(per_round) + f"\n\n{measure_line}\n\n`{summary}`")
+            + f"\n\n{peak_line}\n\n" + "\n".join(per_round) + f"\n\n{measure_line}\n\n`{summary}`")
 
 
 def main(argv=None) -> int:
@@ -167,12 +269,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=160)
+    parser.add_argument("--matmul-size", type=int, default=4096, help="side of the peak microbenchmark's operands")
+    parser.add_argument("--matmul-repeats", type=int, default=5, help="timed matmuls per precision; the best counts")
     parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
                         help="results root: the table goes to DIR/train_step/KIND.md ('' for nowhere; "
                              "default benchmarks/results)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.rounds < 1:
-        print("train_step.py: --steps and --rounds must be positive", file=sys.stderr)
+    if min(args.steps, args.rounds, args.batch, args.image_size, args.matmul_size, args.matmul_repeats) < 1:
+        print("train_step.py: --steps, --rounds, --batch, --image-size, --matmul-size and --matmul-repeats must be "
+              "positive", file=sys.stderr)
         return 2
     devices = precision.local_devices()
     measured = precision.measure_cpu() if devices.bfloat16_native and not devices.float16_fast else None
@@ -182,10 +287,17 @@ def main(argv=None) -> int:
     device_line = f"device: {devices.describe()}; --mixed-precision auto picks {default.policy} ({default.reason})"
     print(device_line, flush=True)
     configs = configurations(default.policy, gpu, args.batch, args.image_size)
+    dtypes = {config.name: POLICY_DTYPES[config.policy] for config in configs}
+    peaks = {dtype: matmul_peak(dtype, args.matmul_size, args.matmul_repeats) for dtype in sorted(set(dtypes.values()))}
+    print("peak: " + ", ".join(f"{peak / 1e9:.0f} GFLOP/s in {dtype}" for dtype, peak in peaks.items()), flush=True)
+    flops = train_flops_per_image(args.image_size)
+    print(f"train step: {flops / 1e9:.2f} GFLOP per image at {args.image_size} px", flush=True)
     table = measure(configs, args.steps, args.rounds)
     raw = {"tensorflow": tf.__version__, "device": device_line[len("device: "):], "default_policy": default.policy,
            "options": {"batch": args.batch, "image_size": args.image_size, "steps": args.steps, "rounds": args.rounds},
-           "lab": configs[0].name, "default": configs[1].name,
+           "lab": configs[0].name, "default": configs[1].name, "dtypes": dtypes, "peaks": peaks,
+           "matmul": {"size": args.matmul_size, "repeats": args.matmul_repeats}, "flops_per_image": flops,
+           "flops_source": FLOPS_SOURCE,
            "table": {name: [dataclasses.asdict(sample) for sample in samples] for name, samples in table.items()}}
     body = report(raw)
     print(body, flush=True)

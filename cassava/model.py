@@ -81,8 +81,10 @@ class RandomCropFlip(tf.keras.layers.Layer):
         return {**super().get_config(), "crop_fraction": self.crop_fraction, "seed": self.seed}
 
 
-def build(num_classes: int, image_size: int, weights: str, architecture: str = "resnet50", seed: int = 0) -> tf.keras.Model:
-    """`weights`: "imagenet", "none" or a path to a ResNet50 (no-top) weights file."""
+def build(num_classes: int, image_size: int, weights: str, architecture: str = "resnet50", seed: int = 0,
+          batch_norm_momentum: float = BATCH_NORM_MOMENTUM) -> tf.keras.Model:
+    """`weights`: "imagenet", "none" or a path to a ResNet50 (no-top) weights file;
+    `batch_norm_momentum`: ResNet50's (cassava.task's --batch-norm-momentum)."""
     images = tf.keras.Input(shape=(image_size, image_size, 3), dtype=tf.uint8, name="image")
     x = ResNetPreprocess(name="preprocess")(images)
     x = RandomCropFlip(seed=seed, name="augment")(x)
@@ -95,7 +97,7 @@ def build(num_classes: int, image_size: int, weights: str, architecture: str = "
         )
         for layer in base.layers:
             if isinstance(layer, tf.keras.layers.BatchNormalization):
-                layer.momentum = BATCH_NORM_MOMENTUM
+                layer.momentum = batch_norm_momentum
         x = base(x)
     elif architecture == "small":
         # A few conv layers: the same pipeline, strategy and save paths at a fraction of the cost,

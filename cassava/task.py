@@ -30,6 +30,20 @@ TRANSFER_LEARNING_RATE = 1e-4
 SCRATCH_LEARNING_RATE = 1e-3
 
 CACHE_MODES = ("auto", "always", "never")
+# cassava.model.BATCH_NORM_MOMENTUM (which says why 0.9), repeated here so that parsing the
+# command line does not import TensorFlow; tests/unit/test_learning_defaults.py checks they agree.
+DEFAULT_BATCH_NORM_MOMENTUM = 0.9
+
+
+def momentum(text: str) -> float:
+    """A flag type: a number in [0, 1), else a one-line argparse error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
 ARCHITECTURES = ("resnet50", "small")
 
 
@@ -81,6 +95,12 @@ class CassavaTask(Task):
         parser.add_argument(
             "--weights", default="imagenet",
             help="ResNet50 initial weights: imagenet, none, or a path to a weights file",
+        )
+        parser.add_argument(
+            "--batch-norm-momentum", type=momentum, default=DEFAULT_BATCH_NORM_MOMENTUM,
+            help="ResNet50's batch-normalisation momentum: the weight of the old moving statistics at each step. "
+            f"{DEFAULT_BATCH_NORM_MOMENTUM} by default, from scratch and fine-tuning (cassava/model.py says why); "
+            "Keras' own is 0.99 (benchmarks/time_to_accuracy.py runs both)",
         )
         parser.add_argument(
             "--architecture", choices=ARCHITECTURES, default="resnet50",
@@ -162,7 +182,7 @@ class CassavaTask(Task):
         from cassava import model
 
         return model.build(self.train_split.num_classes, run.flags.image_size, run.flags.weights,
-                           run.flags.architecture, run.seed)
+                           run.flags.architecture, run.seed, run.flags.batch_norm_momentum)
 
     def loss(self, run: Run):
         from cassava import model

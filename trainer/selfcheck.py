@@ -47,7 +47,13 @@ def timed_images_per_second(model, images, labels, steps: int, steps_per_executi
     docs/gpus.md) the driver JIT-compiles every kernel it runs: that is its start-up cost."""
     import tensorflow as tf
 
-    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    # Autotuning off: with it on, tearing down fit's iterator often waited for the autotuning
+    # thread's next wake-up (10 ms x (2^k - 1) after the start), which set the measured rate
+    # (benchmarks/train_step.py's in_memory_batches has the measurements); one repeated batch has
+    # nothing to tune.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat().with_options(options)
     start = time.perf_counter()
     model.fit(dataset, steps_per_epoch=steps_per_execution, epochs=1, verbose=0)
     first = time.perf_counter() - start

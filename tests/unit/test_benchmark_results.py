@@ -78,6 +78,16 @@ def test_when_most_rounds_mix_regimes_the_ratio_comes_from_cpu_per_image():
     assert "CPU seconds per image" in comparison.describe()
 
 
+def test_rounds_where_the_two_had_different_cores_give_no_wall_ratio():
+    # Every round is steady for each configuration (nothing flagged), but the lab had one core and
+    # the other two: the wall ratio would credit the cores, so it comes from CPU per image.
+    table = {"lab": [sample(10, 1.0)] * 3, "mine": [sample(30, 2.0)] * 3}
+    assert rounds.clean_rounds(table) == [True, True, True]
+    comparison = rounds.compare(table, "lab", "mine")
+    assert comparison.measure == "cpu" and comparison.clean_rounds == 0
+    assert abs(comparison.value - 1.5) < 1e-9 and "same cores" in comparison.describe()
+
+
 def test_a_sample_is_its_cores_and_rates():
     s = rounds.Sample(wall=2.0, cpu=3.0, images=30, others=0.5, steal=0.0)
     assert (s.rate, s.cpu_per_image, s.cores) == (15.0, 0.1, 1.5)
@@ -92,7 +102,7 @@ from pathlib import Path  # noqa: E402
 
 RESULTS = Path(machine.RESULTS_ROOT)
 # Each benchmark's module, whose report(raw) writes a results file's body from its raw data.
-REPORTERS = {"time_to_accuracy": "time_to_accuracy", "train_step": "train_step"}
+REPORTERS = {"time_to_accuracy": "time_to_accuracy", "train_step": "train_step", "serving_load": "serving_load"}
 # Results committed before the benchmarks kept their raw rounds: nothing can render them again, so
 # they wait for a re-run on a quiet machine of their kind (docs/performance.md lists where they came
 # from). The list may only shrink.
@@ -147,17 +157,108 @@ def test_time_to_accuracys_raw_data_renders_its_results_file_again_byte_for_byte
     monkeypatch.setattr(machine, "cpu_model", lambda: "AMD EPYC (family 25, model 1): avx2")
     args = argparse.Namespace(images=384, image_size=64, batch=16, workers=2, target=0.7, scratch_target=0.6)
     run = time_to_accuracy.run_of
-    fine = ([run(tta_run("lab", 120.5, [(60.0, 0.4), (120.5, 0.72)], rounds.Sample(120.5, 150.0, 768, 0.0, 0.0)))],
-            [run(tta_run("trainer (mixed_bfloat16)", 58.0, [(30.0, 0.5), (58.0, 0.78)], sample(13.3, 1.8, 768)))])
-    scratch = ([run(tta_run("lab", None, [(300.0, 0.2), (600.0, 0.2)], sample(2.6, 1.2, 1536)))],
-               [run(tta_run("trainer (mixed_bfloat16)", 92.7, [(50.0, 0.48), (92.7, 0.71)], sample(16.6, 1.8, 1536)))])
-    raw = time_to_accuracy.raw_data(args, "weights made here", fine, scratch)
+    fine = {"lab": [run(tta_run("lab", 120.5, [(60.0, 0.4), (120.5, 0.72)], rounds.Sample(120.5, 150.0, 768, 0.0, 0.0)))],
+            "trainer": [run(tta_run("trainer (mixed_bfloat16)", 58.0, [(30.0, 0.5), (58.0, 0.78)],
+                                    sample(13.3, 1.8, 768)))]}
+    scratch = {"lab": [run(tta_run("lab", None, [(300.0, 0.2), (600.0, 0.2)], sample(2.6, 1.2, 1536)))],
+               "trainer": [run(tta_run("trainer (mixed_bfloat16)", 92.7, [(50.0, 0.48), (92.7, 0.71)],
+                                       sample(16.6, 1.8, 1536)))]}
+    # One traced job: the chief's marks (what, seconds, epoch, the steps' span, CPU seconds) and the
+    # CPU where each later epoch's steps ended.
+    phases = {"epochs": 2, "exit": 0, "wall": 60.0, "cpu": 100.0, "images_per_epoch": 384, "validation_images": 96,
+              "marks": [["first line", 4.0, None, None, 6.0], ["precision", 9.0, None, None, 14.0],
+                        ["begins", 12.0, 1, None, 19.0], ["ends", 30.0, 1, None, 52.0],
+                        ["steps", 30.1, 1, 10.0, 52.1], ["begins", 30.2, 2, None, 52.2], ["ends", 50.0, 2, None, 88.0],
+                        ["steps", 50.1, 2, 15.0, 88.1], ["saved", 55.0, None, None, 95.0]],
+              "steps_end_cpu": [[2, 80.0]], "backups": [[47.0, 49.0, 84.0, 86.0]]}
+    # The lab's job: no precision probe and no export; a wait between its epochs.
+    lab_phases = {**phases, "wall": 50.0, "cpu": 80.0, "backups": [],
+                  "marks": [["first line", 3.0, None, None, 5.0], ["begins", 10.0, 1, None, 15.0],
+                            ["steps", 25.0, 1, 15.0, 40.0], ["ends", 28.0, 1, None, 44.0],
+                            ["begins", 31.0, 2, None, 45.0], ["steps", 43.0, 2, 12.0, 70.0],
+                            ["ends", 46.0, 2, None, 75.0]],
+                  "steps_end_cpu": [[1, 40.0], [2, 70.0]]}
+    raw = time_to_accuracy.raw_data(args, "weights made here", fine, scratch, {"trainer": phases, "lab": lab_phases})
     body = time_to_accuracy.report(raw)
     path = Path(machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-02", body,
                                       root=str(tmp_path), raw=raw))
     saved = json.loads(path.with_suffix(".json").read_text())
     assert rendered(saved) == path.read_text()
-    assert "| 1 | lab | 120.5 s | 2 | 0.40 0.72 |" in path.read_text() and "summary: trainer_over_lab=0.48" in body
+    assert "| 1 | lab | 120.5 s | 2 | 0.40 0.72 |" in path.read_text()
+    # The lab had 1.24 cores and the trainer 1.8: not the same cores, so the ratio is of CPU seconds (104 over 150).
+    assert body.endswith("summary: trainer_over_lab=0.69 against=lab from=cpu spread=0.69-0.69 rounds=1/1"), body
+    # Epoch 2's steps ran from 30.2 s for their own 15.0 s, 27.8 CPU s; the rest of it, to 50.0 s, validated.
+    assert "| epoch 2: train steps (their own span) | 15.0 | 27.8 | 1.85 | 0.0362 | 0.0724 |" in body
+    # The backup at the end of epoch 2 (47-49 s, 2 CPU s) comes out of its validation window into its own row.
+    assert "| epoch 2: validation and epoch-end work | 2.8 | 6.0 | 2.14 | 0.0078 | 0.0625 |" in body
+    assert "| backups of the training state (1, for restarts; out of the rows above) | 2.0 | 2.0 | 1.00 | 0.0026 | - |" in body
+    assert "| whole job | 60.0 | 100.0 | 1.67 | 0.1302 | |" in body
+    # The lab's epoch 2 began 3 s after epoch 1 ended (1 CPU s), stepped 12 s (25 CPU s), validated 3 s (5 CPU s).
+    lab_section = body.split("### The lab")[1]
+    assert "| epoch 2: between one epoch's end and the next's start | 3.0 | 1.0 | 0.33 | 0.0013 | - |" in lab_section
+    assert "| epoch 2: train steps (their own span) | 12.0 | 25.0 | 2.08 | 0.0326 | 0.0651 |" in lab_section
+    assert "| epoch 2: validation and epoch-end work | 3.0 | 5.0 | 1.67 | 0.0065 | 0.0521 |" in lab_section
+    assert ("CPU seconds per image, the trainer's against the lab's: the whole job 0.1302 against 0.1042 (x1.25); the "
+            "later epochs' train steps 0.0724 against 0.0651 (x1.11); their validation, per validation image 0.0625 "
+            "against 0.0521 (x1.20).") in body
     # A later run without raw data leaves no stale .json behind to disagree with its .md.
     machine.write_results("time_to_accuracy", "python benchmarks/time_to_accuracy.py", "2030-01-03", body, root=str(tmp_path))
     assert not path.with_suffix(".json").exists()
+
+
+def tta(reached, cores: float, cpu: float | None = None):
+    import time_to_accuracy
+
+    wall = reached or 400.0
+    return time_to_accuracy.Run("x", 768, [(wall, 0.72 if reached else 0.2)], reached, wall, "",
+                                rounds.Sample(wall, cpu if cpu is not None else cores * wall, 768, 0.0, 0.0))
+
+
+def test_time_to_accuracy_compares_the_trainer_with_the_fastest_lab_variant_that_reaches_the_target():
+    import time_to_accuracy
+
+    recipes = {"lab": [tta(None, 1.8)] * 3,
+               "lab-preprocessed": [tta(130.0, 1.8), tta(120.0, 1.8), tta(140.0, 1.8)],
+               "trainer": [tta(42.0, 1.8), tta(48.0, 1.8), tta(40.0, 1.8)]}
+    assert time_to_accuracy.best_lab(recipes) == "lab-preprocessed"
+    result = time_to_accuracy.verdict(recipes["lab-preprocessed"], recipes["trainer"], 0.7)
+    assert result.measure == "wall" and not result.bound and result.rounds == "3/3"
+    assert abs(result.value - 42.0 / 130.0) < 1e-9 and result.spread == (40.0 / 140.0, 48.0 / 120.0)
+    # A round where the lab's run got one core (the trainer two) is left out of the wall ratio;
+    # with two of three left, the ratio comes from CPU seconds to the target instead.
+    recipes["lab-preprocessed"][1] = tta(220.0, 0.9)
+    recipes["lab-preprocessed"][2] = tta(240.0, 0.95)
+    result = time_to_accuracy.verdict(recipes["lab-preprocessed"], recipes["trainer"], 0.7)
+    assert result.measure == "cpu" and "CPU seconds" in result.text
+    # No lab variant reaches the target: the trainer's time is over their limit, and says so.
+    none = {"lab": [tta(None, 1.8)] * 2, "lab-preprocessed": [tta(None, 1.8)] * 2, "trainer": [tta(42.0, 1.8)] * 2}
+    assert time_to_accuracy.best_lab(none) is None
+    assert time_to_accuracy.verdict(none["lab"], none["trainer"], 0.7).bound
+
+
+def serving_level(concurrency: int, images_per_s: float, others: float) -> dict:
+    return {"concurrency": concurrency, "requests": int(images_per_s * 30), "errors": [], "requests_per_s": images_per_s,
+            "images_per_s": images_per_s, "p50_ms": 54.0, "p99_ms": 60.0, "server_cpu_per_request": 0.08,
+            "clients_cpu_per_request": 0.002, "server_cores": 1.5, "others": others, "load_average": 1.2}
+
+
+def test_serving_loads_raw_data_renders_its_results_file_and_leaves_rows_taken_beside_others_out(tmp_path, monkeypatch):
+    import serving_load
+
+    monkeypatch.setattr(machine, "cpu_model", lambda: "AMD EPYC (family 25, model 1): avx2")
+    ceiling = {"images_per_s": 24.0, "cpu_per_image": 0.08, "others": 0.01, "load_average": 0.3}
+    raw = {"architecture": "resnet50", "image_size": 300, "tensorflow": "2.21.0", "instances": 1, "seconds": 30.0,
+           "soak_seconds": 60.0, "max_batch": 32, "rss_growth_mb": 64.0, "cpus": 2, "load_before": 0.3, "load_after": 2.1,
+           # The ceiling after concurrency 8 ran beside a neighbour: concurrency 8 and 32 are both around it.
+           "ceilings": [ceiling, ceiling, {**ceiling, "others": 0.9}, ceiling],
+           "levels": [serving_level(1, 18.0, 0.02), serving_level(8, 15.6, 0.05), serving_level(32, 18.4, 0.01)],
+           "batches": [{"batch": 1, "images_per_s": 15.0, "cpu_per_image": 0.1, "others": 0.0, "load_average": 0.3}],
+           "batch_seconds": 7.5, "decoding_cpu_per_request": 0.0011,
+           "soak": {**serving_level(32, 18.0, 0.0), "error_count": 0}, "rss": [[1.0, 2 ** 29], [10.0, 2 ** 30], [60.0, 2 ** 30 + 2 ** 20]]}
+    assert serving_load.flagged(raw) == [False, True, True]
+    body = serving_load.report(raw)
+    assert body.endswith("`summary: c1_over_ceiling=0.75 left_out=c8,c32 soak_errors=0 soak_rss_growth_mb=1.0`")
+    assert "| server, concurrency 8 | 15.60 | 15.60 | 54 | 60 | 0 | 24.00 | x0.65 | 80.0 | 2.0 | 1.50 | 0.05 | 1.2 | yes |" in body
+    path = Path(machine.write_results("serving_load", "python benchmarks/serving_load.py", "2030-01-02", body,
+                                      root=str(tmp_path), raw=raw))
+    assert rendered(json.loads(path.with_suffix(".json").read_text())) == path.read_text()

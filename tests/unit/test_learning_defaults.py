@@ -58,6 +58,25 @@ def test_resnet50_from_scratch_tracks_its_batch_statistics_faster():
     assert batch_norm_momenta("none") == {model_lib.BATCH_NORM_MOMENTUM} == {0.9}
 
 
+def test_the_batch_norm_momentum_flag_defaults_to_the_models_and_reaches_resnet50():
+    import argparse
+
+    import tensorflow as tf
+
+    from cassava import task as task_lib
+
+    parser = argparse.ArgumentParser()
+    task_lib.CassavaTask().add_arguments(parser)
+    assert parser.parse_args([]).batch_norm_momentum == model_lib.BATCH_NORM_MOMENTUM
+    assert parser.parse_args(["--batch-norm-momentum", "0.99"]).batch_norm_momentum == 0.99
+    for bad in ("1", "-0.1", "nan", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--batch-norm-momentum", bad])
+    built = model_lib.build(5, 32, "none", "resnet50", batch_norm_momentum=0.99)
+    base = next(layer for layer in built.layers if isinstance(layer, tf.keras.Model))
+    assert {layer.momentum for layer in base.layers if isinstance(layer, tf.keras.layers.BatchNormalization)} == {0.99}
+
+
 def test_resnet50_fine_tuning_a_weights_file_tracks_its_batch_statistics_as_fast(tmp_path):
     import tensorflow as tf
 
