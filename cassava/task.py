@@ -163,7 +163,7 @@ class CassavaTask(Task):
                 os.makedirs(run.flags.trace_input_dir, exist_ok=True)
                 trace_path = os.path.join(run.flags.trace_input_dir, f"{run.task_name}.ids")
         options = self._options(run, self.train_split, True, run.examples_per_pipeline, trace_path)
-        log.info("input: train_examples=%d sharding=%s (%d files over %d input pipelines)",
+        log.info("data: train_examples=%d sharding=%s (%d files over %d input pipelines)",
                  self.train_split.num_examples, data.sharding_mode(self.train_split.num_files, context.num_input_pipelines),
                  self.train_split.num_files, context.num_input_pipelines)
         return data.make_dataset(self.train_split, options, context)

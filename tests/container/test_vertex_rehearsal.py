@@ -75,7 +75,7 @@ def test_mwms_job_from_a_dry_run_spec_reads_from_gcs_files_and_writes_to_the_buc
                        "--stage", f"{prepared}=gs://vx-mwms/data")
     assert result.returncode == 0, result.stdout[-4000:]
     chief = "\n".join(lines(result.stdout, "workerpool0-0"))
-    assert "input: train_examples=40 sharding=FILE" in chief, chief[-3000:]  # 6 files from /gcs/, 3 workers
+    assert "data: train_examples=40 sharding=FILE" in chief, chief[-3000:]  # 6 files from /gcs/, 3 workers
     kept = tmp_path / "kept" / "vx-mwms" / "job"
     assert (kept / "model" / "saved_model.pb").exists()
     assert (kept / "checkpoints" / "epoch-0002.index").exists()
