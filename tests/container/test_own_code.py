@@ -99,20 +99,23 @@ def test_the_autopackaged_script_trains_in_the_jobset_submit_job_writes(engine, 
 
 def test_a_preempted_pod_of_the_script_in_the_jobset_restarts_the_jobset(engine, autopackaged_image, tmp_path):
     """The same JobSet with a longer run given as the pods' args (as a user writes them), its worker
-    pod preempted (its node lost) once the script has its cluster: JobSet restarts the whole
-    JobSet, every pod starts again with the same TF_CONFIG, and the job finishes."""
+    pod preempted (its node lost) once the script trains: the script, PID 1 with no SIGTERM handler,
+    trains on until the SIGKILL 30 s later (the run is longer than that), JobSet restarts the
+    whole JobSet, every pod starts again with the same TF_CONFIG, and the job finishes."""
     printed = subprocess.run([PYTHON, "-m", "scripts.submit_job", "jobset", "--name", "own-spot", "--image-uri",
                               autopackaged_image, "--workers", "1", "--base-output-dir", "/tmp/out"],
                              cwd=REPO, capture_output=True, text=True, check=True).stdout
     manifest = yaml.safe_load(printed)
     for rjob in manifest["spec"]["replicatedJobs"]:
         rjob["template"]["spec"]["template"]["spec"]["containers"][0]["args"] = [
-            "--epochs", "20", "--steps-per-epoch", "50"]
+            "--epochs", "40", "--steps-per-epoch", "100"]
     (tmp_path / "jobset.yaml").write_text(yaml.safe_dump(manifest))
     result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0],
-                             "--preempt", "own-spot-worker-0-0@/Epoch 2.20/", "--jobset", str(tmp_path / "jobset.yaml")],
+                             "--preempt", "own-spot-worker-0-0@/Epoch 2.40/", "--jobset", str(tmp_path / "jobset.yaml")],
                             cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    notes = lines(result.stdout, "local-run")
+    assert any(n.startswith("evicting own-spot-worker-0-0 (node preempted)") for n in notes), notes
     for pod in ("own-spot-chief-0-0", "own-spot-worker-0-0"):
         assert lines(result.stdout, pod).count("num_replicas_in_sync 2") == 2, result.stdout[-5000:]
     assert leftovers(engine) == []
