@@ -112,7 +112,6 @@ WITHOUT_RAW_DATA = {
     "serving_load/amd-epyc-family-25-model-17-avx2-avx512f-avx512-bf16.md",
     "time_to_accuracy/amd-epyc-family-25-model-17-avx2-avx512f-avx512-bf16.md",
     "train_step/amd-epyc-family-25-model-1-avx2.md",
-    "train_step/amd-epyc-family-25-model-17-avx2-avx512f-avx512-bf16.md",
     "train_step/amd-epyc-family-26-model-2-avx2-avx512f-avx512-bf16.md",
 }
 COMMITTED = sorted(str(path.relative_to(RESULTS)) for path in RESULTS.glob("*/*.md"))
