@@ -78,13 +78,8 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             # Training may replace a checkpoint while it is read; the next one will do.
             log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint, error)
             continue
-        try:
+        with plan.data_errors(task, run_info):
             results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)
-        except Exception as error:
-            line = task.describe_error(error, run_info)
-            if line is None:
-                raise
-            raise DataError(line) from None
         last_epoch = checkpoint_epoch(checkpoint)
         with writer.as_default(step=last_epoch):
             for metric, value in results.items():

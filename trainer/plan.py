@@ -1,16 +1,18 @@
 """What every training role works out the same way: the steps, the `Run` a task is handed, the
-compiled model, and the callbacks the runtime adds to `fit`."""
+compiled model, the callbacks the runtime adds to `fit`, and the task's word on a data error."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Iterator
 
 import tensorflow as tf
 
 from trainer import callbacks, input_wait, outputs, profiling
 from trainer.cluster import Cluster
 from trainer.config import ConfigError, TrainConfig
-from trainer.tasks import Examples, Run, Task
+from trainer.tasks import DataError, Examples, Run, Task
 
 log = logging.getLogger("trainer")
 
@@ -90,3 +92,18 @@ def common_callbacks(task: Task, run: Run, config: TrainConfig, *, log_metrics: 
         result.append(profiling.ProfileSteps(profiling.log_dir(config.tensorboard_dir, run.task_name, run.is_chief),
                                              *config.profile_steps))
     return result
+
+
+@contextlib.contextmanager
+def data_errors(task: Task, run: Run) -> Iterator[None]:
+    """An error the task's `describe_error` says is its data's becomes a DataError (one line,
+    exit 2); any other error passes on unchanged."""
+    try:
+        yield
+    except DataError:
+        raise
+    except Exception as error:
+        line = task.describe_error(error, run)
+        if line is None:
+            raise
+        raise DataError(line) from None

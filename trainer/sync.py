@@ -13,7 +13,7 @@ from trainer import exits, outputs, peers, plan, precision, preemption, saving, 
 from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import ConfigError, TrainConfig
-from trainer.tasks import DataError, Task
+from trainer.tasks import Task
 
 log = logging.getLogger("trainer")
 
@@ -62,15 +62,16 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str, n
     ]
 
     try:
-        model.fit(
-            train_dataset,
-            epochs=config.epochs,
-            steps_per_epoch=steps,
-            validation_data=validation_dataset,
-            validation_steps=validation_steps,
-            callbacks=callback_list,
-            verbose=0,  # EpochLog reports each epoch
-        )
+        with plan.data_errors(task, run_info):
+            model.fit(
+                train_dataset,
+                epochs=config.epochs,
+                steps_per_epoch=steps,
+                validation_data=validation_dataset,
+                validation_steps=validation_steps,
+                callbacks=callback_list,
+                verbose=0,  # EpochLog reports each epoch
+            )
     except preemption.Preempted as stop:
         print(f"{name}: preempted (SIGTERM): saved a backup; a restart resumes at epoch {stop.epoch} "
               f"step {stop.step} (exit {exits.RETRYABLE})", file=sys.stderr)
@@ -82,10 +83,5 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str, n
               f"{peers.error_summary(error)}); a restart resumes at {backup.describe_resume()} (exit {exits.RETRYABLE})",
               file=sys.stderr)
         return exits.RETRYABLE
-    except Exception as error:
-        line = task.describe_error(error, run_info)
-        if line is None:
-            raise
-        raise DataError(line) from None
     saving.save_from_every_worker(task, model, run_info, cluster)
     return exits.OK

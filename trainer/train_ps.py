@@ -24,7 +24,7 @@ import tensorflow as tf
 from trainer import exits, outputs, plan, precision, preemption, saving, storage, strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
-from trainer.tasks import DataError, Task
+from trainer.tasks import Task
 
 log = logging.getLogger("trainer")
 
@@ -100,13 +100,14 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     backup = preemption.StepBackup(outputs.backup_dir(config.checkpoint_dir), None, steps, is_chief=True, per_epoch=True)
     callback_list = [backup, *plan.common_callbacks(task, run_info, config, log_metrics=True, report=True)]
     try:
-        model.fit(
-            tf.keras.utils.experimental.DatasetCreator(dataset_fn),
-            epochs=config.epochs,
-            steps_per_epoch=steps,
-            callbacks=callback_list,
-            verbose=0,  # EpochLog reports each epoch
-        )
+        with plan.data_errors(task, run_info):
+            model.fit(
+                tf.keras.utils.experimental.DatasetCreator(dataset_fn),
+                epochs=config.epochs,
+                steps_per_epoch=steps,
+                callbacks=callback_list,
+                verbose=0,  # EpochLog reports each epoch
+            )
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
         if storage.failure(error):
             raise  # trainer.fit reports it
@@ -118,11 +119,6 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             file=sys.stderr,
         )
         return exits.RETRYABLE
-    except Exception as error:
-        line = task.describe_error(error, run_info)
-        if line is None:
-            raise
-        raise DataError(line) from None
     saving.save_unsharded(task, run_info, outputs.checkpoint_pattern(config.checkpoint_dir).format(epoch=config.epochs))
     return exits.OK
 
