@@ -20,7 +20,8 @@ decoded uint8 image against the same resize on a float32 copy, in the pipeline (
 The tables go to stdout and to benchmarks/results/input_pipeline/KIND.md, one file per machine
 kind (benchmarks/machine.py), with a line saying whether the trainer meets its targets (epoch 1 at
 least the lab's at every N; later epochs at least 20x the lab's at the largest N); the last line is
-a machine-readable summary. A line gives the decode-only pipeline's rate as a share of the
+a machine-readable summary. The raw measurements go to KIND.json beside it, from which report()
+writes the file again; each worker count's rows say what other processes used while they ran. A line gives the decode-only pipeline's rate as a share of the
 machine's decode limit: one thread's JPEG decode rate, timed in the same run, times the cores.
 """
 
@@ -30,7 +31,6 @@ import argparse
 import datetime
 import gc
 import os
-import resource
 import statistics
 import sys
 import time
@@ -49,6 +49,7 @@ import tensorflow as tf  # noqa: E402
 
 from cassava import data, records, synthetic  # noqa: E402
 # benchmarks/ is first on the path when this runs as a script
+import rounds  # noqa: E402
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
 
 IMAGE_SIZE = 300
@@ -130,12 +131,11 @@ def host_resize_ceiling(files: list[str], images: int = 128) -> tuple[float, flo
     return decode_ms, resize_ms, decode_ms / resize_ms
 
 
-def decode_machine_limit(results: dict, decode_ms: float) -> tuple[str, dict[int, float]]:
+def decode_machine_limit(results: dict, decode_ms: float, cores: int) -> tuple[str, dict[int, float]]:
     """The decode-only pipeline's rate (the `limit` row, every core) against what the machine can
     decode: one thread's JPEG decode rate, timed in this run (host_resize_ceiling), times the
     cores. Below 1, tf.data leaves cores idle or spends them on something besides decoding.
     Returns the line and, per N, that share."""
-    cores = os.cpu_count() or 1
     one_core = 1e3 / decode_ms
     shares = {n: r["limit"][0] / (one_core * cores) for n, r in sorted(results.items())}
     line = (f"The machine's decode limit: one thread decodes {one_core:,.0f} img/s (timed above), times {cores} cores "
@@ -287,19 +287,12 @@ def resize_orders(files: list[str], num_images: int, repeats: int) -> dict[str, 
     measured: dict[str, list[tuple[float, float]]] = {name: [] for name in orders}
     for round_index in range(repeats + 1):
         for name, resize in orders.items():
-            cpu_before = cpu_seconds()
+            cpu_before = rounds.own_cpu_seconds()
             seconds, examples = timed_epochs(pipeline(resize), num_images // BATCH, 1)[0]
             if round_index:
-                measured[name].append((examples / seconds, (cpu_seconds() - cpu_before) * 1e3 / examples))
+                measured[name].append((examples / seconds, (rounds.own_cpu_seconds() - cpu_before) * 1e3 / examples))
     return {name: (statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs))
             for name, runs in measured.items()}
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process, every thread, user and system: steadier than wall time on a
-    shared VM, where another guest's load stretches the wall clock."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 # What the trainer's pipeline must reach against the lab's: epoch 1 at least the lab's at every N,
@@ -389,73 +382,114 @@ def main(argv=None) -> int:
     num_images = args.images or (1024 if args.quick else 2048)
     repeats = args.repeats or (3 if args.quick else 5)
     files = generate(os.path.join(args.data_dir, f"n{num_images}"), num_images)
+    print(f"machine: {cpu_model()}", flush=True)
+    raw = measure_all(files, num_images, repeats, [int(n) for n in args.workers.split(",")],
+                      None if args.no_bucket else args.latency_ms, stages=not args.no_stages)
+    body = report(raw)
+    print(body, flush=True)
+    if args.results_dir:
+        path = write_results("input_pipeline", command_line("input_pipeline.py", argv),
+                             datetime.date.today().isoformat(), body, args.results_dir, raw=raw)
+        print(f"results: {path}", flush=True)
+    print(summary_line(raw))
+    return 0
+
+
+def measure_all(files: list[str], num_images: int, repeats: int, workers: list[int], latency_ms: float | None,
+                stages: bool) -> dict:
+    """Every measurement of one run, as JSON values: report() writes the results file from these
+    alone. Each worker count's rows carry what the rest of the machine did while they were timed
+    (benchmarks/rounds.py's `others` and `steal`, and the 1-minute load average at their end)."""
+    raw = {"tensorflow": tf.__version__, "images": num_images, "image_shape": list(IMAGE_SHAPE), "batch": BATCH,
+           "image_size": IMAGE_SIZE, "repeats": repeats, "cpus": os.cpu_count() or 1, "latency_ms": latency_ms,
+           "load_before": os.getloadavg()[0], "workers": {}, "stages": [], "resize_orders": []}
     bucket = bucket_files = None
-    if not args.no_bucket:
-        bucket = BucketCopy(args.latency_ms)
+    if latency_ms is not None:
+        bucket = BucketCopy(latency_ms)
         try:
             bucket_files = bucket.upload(files)
         except BaseException:
             bucket.stop()
             raise
-
-    header = "| workers | pipeline | epoch 1 img/s | epoch 2 img/s |\n|---|---|---|---|"
-    lines, results = [header], {}
-    print(f"machine: {cpu_model()}", flush=True)
-    print(header, flush=True)
     try:
-        for num_workers in (int(n) for n in args.workers.split(",")):
-            results[num_workers] = measure(files, num_images, num_workers, repeats, bucket_files)
-            for name, (epoch1, epoch2) in results[num_workers].items():
-                line = f"| {num_workers} | {name} | {epoch1:,.0f} | {epoch2:,.0f} |"
-                lines.append(line)
-                print(line, flush=True)
+        for num_workers in workers:
+            timer = rounds.Timer().start()
+            rates = measure(files, num_images, num_workers, repeats, bucket_files)
+            sample = timer.sample(0)
+            raw["workers"][str(num_workers)] = {
+                # pairs, not a dict: the .json is written with sorted keys, and the rows keep this order
+                "rates": [[name, list(epochs)] for name, epochs in rates.items()],
+                "others": sample.others, "steal": sample.steal, "load_average": os.getloadavg()[0]}
+            print(f"N={num_workers}: " + ", ".join(f"{name} {e1:,.0f}/{e2:,.0f} img/s" for name, (e1, e2) in rates.items())
+                  + f"; others' cores {sample.others:.2f}", flush=True)
     finally:
         if bucket:
             bucket.stop()
-    stages = stage_costs(files, num_images, repeats) if not args.no_stages else []
+    if stages:
+        raw["stages"] = [[name, rate] for name, rate in stage_costs(files, num_images, repeats)]
+        raw["resize_orders"] = [[name, list(values)] for name, values in resize_orders(files, num_images, repeats).items()]
+    raw["decode_ms"], raw["resize_ms"], _ = host_resize_ceiling(files)
+    raw["load_after"] = os.getloadavg()[0]
+    return raw
+
+
+def worker_results(raw: dict) -> dict[int, dict[str, tuple[float, float]]]:
+    """N -> pipeline -> (epoch 1, epoch 2) images/s, from the raw data."""
+    return {int(n): {name: tuple(epochs) for name, epochs in row["rates"]}
+            for n, row in sorted(raw["workers"].items(), key=lambda item: int(item[0]))}
+
+
+def summary_line(raw: dict) -> str:
+    """The machine-readable last line."""
+    results = worker_results(raw)
+    _, shares = decode_machine_limit(results, raw["decode_ms"], raw["cpus"])
+    largest = max(results)
+    r = results[largest]
+    return ("summary: " + " ".join(f"n{n}_epoch1_speedup={results[n]['trainer'][0] / results[n]['baseline'][0]:.2f}"
+                                   for n in sorted(results))
+            + f" n{largest}_epoch2_speedup={r['trainer'][1] / r['baseline'][1]:.2f}"
+            f" n{largest}_decode_limit_fraction={r['trainer'][0] / r['limit'][0]:.2f}"
+            + "".join(f" n{n}_decode_share_of_cores={shares[n]:.2f}" for n in sorted(results))
+            + "".join(f" n{n}_bucket_vs_disk={results[n]['bucket'][0] / results[n]['trainer'][0]:.2f}"
+                      for n in sorted(results) if "bucket" in results[n]))
+
+
+def report(raw: dict) -> str:
+    """The results file's body, from the run's raw measurements alone (measure_all's)."""
+    results = worker_results(raw)
+    lines = ["| workers | pipeline | epoch 1 img/s | epoch 2 img/s | others' cores | load average |", "|---|---|---|---|---|---|"]
+    for n, rates in results.items():
+        row = raw["workers"][str(n)]
+        for name, (epoch1, epoch2) in rates.items():
+            lines.append(f"| {n} | {name} | {epoch1:,.0f} | {epoch2:,.0f} | {row['others']:.2f} | {row['load_average']:.1f} |")
+    stages = raw["stages"]
     stage_lines = ["| stage (N=1, epoch 1) | img/s | cost against the row before |", "|---|---|---|"]
     for index, (name, rate) in enumerate(stages):
         cost = "" if index == 0 else f"{(1 / rate - 1 / stages[index - 1][1]) * 1e3:+.3f} ms/image"
         stage_lines.append(f"| {name} | {rate:,.0f} | {cost} |")
-    if stages:
-        print("\n".join(stage_lines), flush=True)
     resize_line = ""
-    if not args.no_stages:
-        orders = resize_orders(files, num_images, repeats)
+    if raw["resize_orders"]:
         resize_line = ("Resize in the pipeline (N=1, epoch 1): " + "; ".join(
-            f"from {name} {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/image" for name, (rate, cpu_ms) in orders.items()) + ".")
-        print(resize_line, flush=True)
-    decode_ms, resize_ms, ceiling = host_resize_ceiling(files)
-    ceiling_line = (f"One thread: decode {decode_ms:.2f} ms/image, decode and resize to {IMAGE_SIZE} px "
+            f"from {name} {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/image"
+            for name, (rate, cpu_ms) in raw["resize_orders"]) + ".")
+    decode_ms, resize_ms = raw["decode_ms"], raw["resize_ms"]
+    ceiling_line = (f"One thread: decode {decode_ms:.2f} ms/image, decode and resize to {raw['image_size']} px "
                     f"{resize_ms:.2f} ms/image, so a pipeline that resizes on the host reaches at most "
-                    f"{ceiling:.2f} of the decode-only limit.")
-    print(ceiling_line, flush=True)
-    machine_line, machine_shares = decode_machine_limit(results, decode_ms)
-    print(machine_line, flush=True)
+                    f"{decode_ms / resize_ms:.2f} of the decode-only limit.")
+    machine_line, _ = decode_machine_limit(results, decode_ms, raw["cpus"])
     verdict = targets(results)
-    if bucket:
-        verdict += f"\n\n{bucket_verdict(results)} Every request to the bucket waited {args.latency_ms:.0f} ms."
-    print(verdict, flush=True)
-    largest = max(results)
-    r = results[largest]
-    summary = ("summary: " + " ".join(f"n{n}_epoch1_speedup={results[n]['trainer'][0] / results[n]['baseline'][0]:.2f}"
-                                      for n in sorted(results))
-               + f" n{largest}_epoch2_speedup={r['trainer'][1] / r['baseline'][1]:.2f}"
-               f" n{largest}_decode_limit_fraction={r['trainer'][0] / r['limit'][0]:.2f}"
-               + "".join(f" n{n}_decode_share_of_cores={machine_shares[n]:.2f}" for n in sorted(results))
-               + "".join(f" n{n}_bucket_vs_disk={results[n]['bucket'][0] / results[n]['trainer'][0]:.2f}"
-                         for n in sorted(results) if "bucket" in results[n]))
-    if args.results_dir:
-        body = (f"TensorFlow {tf.__version__}; {num_images} JPEGs of {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[0]}, batch {BATCH}, "
-                f"{IMAGE_SIZE} px, median of {repeats}. Images per second for worker 0.\n\n" + "\n".join(lines)
-                + ("\n\n" + "\n".join(stage_lines) if stages else "")
-                + (f"\n\n{resize_line}" if resize_line else "")
-                + f"\n\n{ceiling_line}\n\n{machine_line}\n\n{verdict}\n\n`{summary}`")
-        path = write_results("input_pipeline", command_line("input_pipeline.py", argv),
-                             datetime.date.today().isoformat(), body, args.results_dir)
-        print(f"results: {path}", flush=True)
-    print(summary)
-    return 0
+    if raw["latency_ms"] is not None:
+        verdict += f"\n\n{bucket_verdict(results)} Every request to the bucket waited {raw['latency_ms']:.0f} ms."
+    width, height = raw["image_shape"][1], raw["image_shape"][0]
+    load = (f"The machine's 1-minute load average was {raw['load_before']:.1f} before the first measurement and "
+            f"{raw['load_after']:.1f} after the last, on {raw['cpus']} CPUs; `others' cores` is what other processes "
+            f"used while that worker count's rows were timed (0 on a quiet machine).")
+    return (f"TensorFlow {raw['tensorflow']}; {raw['images']} JPEGs of {width}x{height}, batch {raw['batch']}, "
+            f"{raw['image_size']} px, median of {raw['repeats']}. Images per second for worker 0. {load}\n\n"
+            + "\n".join(lines)
+            + ("\n\n" + "\n".join(stage_lines) if stages else "")
+            + (f"\n\n{resize_line}" if resize_line else "")
+            + f"\n\n{ceiling_line}\n\n{machine_line}\n\n{verdict}\n\n`{summary_line(raw)}`")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,12 @@ def test_input_pipeline_benchmark_prints_its_summary_and_writes_its_results_file
     table = results_file(tmp_path / "results", "input_pipeline", result.stdout, argv, days)
     assert table.count("| 2 |") == 4 and "summary:" in table and ceiling.group(0) in table and verdict.group(0) in table
     assert stages[-1][0] in table and orders.group(0) in table
+    # Every row says what the rest of the machine did while it was timed, and the file is what
+    # report() writes from the raw data saved beside it.
+    rows = re.findall(r"^\| (\d) \| (\w+) \| [\d,]+ \| [\d,]+ \| (\d+\.\d\d) \| (\d+\.\d) \|$", table, re.M)
+    assert len(rows) == 8 and {n for n, *_ in rows} == {"1", "2"}, table
+    assert re.search(r"load average was \d+\.\d before the first measurement and \d+\.\d after the last", table)
+    assert renders_again(tmp_path / "results", "input_pipeline")
 
 
 def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_writes_its_results_file(tmp_path):
