@@ -25,7 +25,7 @@ clients (this process) and of the server (its process tree), the server's cores,
 measures); a row during which, or during the ceilings around which, others used more than
 OTHERS_SHARE_LIMIT of the CPUs is flagged and left out of the summary. Before the server starts,
 the model alone is timed in-process at each of --batch-sizes (as the server calls it, so the
-cost of its batching and padding can be read off), and a request body's decoding (JSON, base64)
+cost of each batch size it calls can be read off), and a request body's decoding (JSON, base64)
 as the server decodes it: together with the CPU columns they account for where the gap between
 a concurrency level and the ceiling goes.
 
@@ -405,8 +405,8 @@ def report(raw: dict) -> str:
     for b in raw["batches"]:
         batch_table.append(f"| {b['batch']} | {b['images_per_s']:.2f} | {1e3 * b['cpu_per_image']:.1f} |")
     account = (f"Where a request's time goes. The model alone, called in-process as the server calls it (the serving "
-               f"signature on a batch of encoded images; the server pads a batch to a power of two, so a batch of 5 "
-               f"costs one of 8), {raw['batch_seconds']:g} s at each size, before the server started:\n\n"
+               f"signature on a batch of encoded images; the server calls it with the largest power of two, up to its "
+               f"--max-batch, that the waiting images fill), {raw['batch_seconds']:g} s at each size, before the server started:\n\n"
                + "\n".join(batch_table)
                + f"\n\nA request's body decoded as the server decodes it (serving.instances.parse: JSON, base64, the "
                f"header checks): {1e3 * raw['decoding_cpu_per_request']:.2f} CPU ms. The server's CPU per request in "

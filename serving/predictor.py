@@ -8,12 +8,16 @@ load then runs at serving.predict's batch rate (benchmarks/serving_load.py measu
 request is answered at once; nothing waits for a batch to fill. One thread calls the model, so at
 most one batch of images is decoded at a time, whatever the number of clients.
 
-Each call's batch is padded, with copies of its last image, to a power of two (or max_batch), so
-that at most a handful of batch shapes ever reach the model: TensorFlow and oneDNN set up and keep
-buffers for each new shape. Fed every size from 1 to 32, a ResNet50 server at concurrency 32 grew
-by 255 MB in three minutes and was still growing; with padded batches it grew for 80 s and then
-not at all for the next 100 s (2-core AMD EPYC family 25 model 17). The copies cost compute: a
-batch of 17 images runs as one of 32.
+Only a handful of batch shapes ever reach the model, powers of two up to max_batch (and max_batch):
+TensorFlow and oneDNN set up and keep buffers for each new shape. Fed every size from 1 to 32, a
+ResNet50 server at concurrency 32 grew by 255 MB in three minutes and was still growing; with
+those shapes alone it grew for 80 s and then not at all for the next 100 s (2-core AMD EPYC
+family 25 model 17). Each call takes the largest such size the waiting images fill, and leaves
+the rest for the next call, rather than padding them up with copies: a copy costs as much compute
+as an image. Padded, 8 clients made batches of 1 and 7-run-as-8 in turn and paid 203 CPU ms per
+request against the model's 175 per image (benchmarks/serving_load.py, same machine). A call is
+padded, with copies of its last image, only when its requests' images cannot make the size
+exactly (a request's images stay in one call).
 
 An image the model's decoder refuses spoils the call it is in: the batch is answered again one
 request, then one image, at a time, so that only the request that sent it fails, naming it.
@@ -89,7 +93,8 @@ class Predictor:
                 if not self._pending:
                     return
                 batch, size = [], 0
-                while self._pending and (not batch or size + len(self._pending[0].images) <= self.max_batch):
+                target = call_size(sum(len(work.images) for work in self._pending), self.max_batch)
+                while self._pending and (not batch or size + len(self._pending[0].images) <= target):
                     work = self._pending.popleft()
                     if work.future.set_running_or_notify_cancel():  # else its client went away
                         batch.append(work)
@@ -141,6 +146,12 @@ class Predictor:
         probabilities = outputs["probabilities"].numpy()
         return [{"class_name": names[i].decode(), "class_index": int(indices[i]),
                  "probabilities": probabilities[i].tolist()} for i in range(len(images))]
+
+
+def call_size(waiting: int, max_batch: int) -> int:
+    """How many of `waiting` images the next call takes: max_batch when they fill it, else the
+    largest power of two they fill."""
+    return max_batch if waiting >= max_batch else 1 << (waiting.bit_length() - 1)
 
 
 def padded_size(size: int, max_batch: int) -> int:

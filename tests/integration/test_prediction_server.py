@@ -407,3 +407,32 @@ def test_a_batch_reaches_the_model_padded_to_one_of_a_few_shapes_and_answers_onl
     assert signature.batches[0] == [b"a", b"bb", b"ccc", b"ccc"]
     assert [len(answer) for answer in answers] == [3, 5, 6]
     assert [p["class_name"] for p in answers[0]] == ["class-1", "class-2", "class-3"]
+
+
+def test_waiting_images_go_to_the_model_in_the_largest_power_of_two_they_fill_with_no_copies():
+    # Seven single-image requests wait while the model is busy: padded to 8 they would cost an
+    # eighth more compute; they go as 4, then 2, then 1, each image once.
+    from serving import predictor as predictor_lib
+
+    signature = FakeSignature(hold_first=True)
+    predictor = predictor_lib.Predictor(signature, max_batch=32)
+    try:
+        first = predictor.submit([b"a"])
+        while not signature.batches:
+            time.sleep(0.01)
+        waiting = [predictor.submit([b"x" * n]) for n in range(2, 9)]
+        signature.release.set()
+        answers = [future.result(60) for future in [first, *waiting]]
+    finally:
+        predictor.close()
+    assert [len(batch) for batch in signature.batches] == [1, 4, 2, 1]
+    assert sorted(image for batch in signature.batches for image in batch) == sorted([b"a"] + [b"x" * n for n in range(2, 9)])
+    assert [p["class_name"] for answer in answers for p in answer] == [f"class-{n % 5}" for n in range(1, 9)]
+
+
+@pytest.mark.parametrize("waiting, max_batch, expected", [(1, 32, 1), (7, 32, 4), (8, 32, 8), (31, 32, 16), (40, 32, 32),
+                                                          (5, 6, 4), (6, 6, 6), (9, 6, 6)])
+def test_a_call_takes_max_batch_or_the_largest_power_of_two_the_waiting_images_fill(waiting, max_batch, expected):
+    from serving import predictor as predictor_lib
+
+    assert predictor_lib.call_size(waiting, max_batch) == expected
