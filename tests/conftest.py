@@ -29,9 +29,28 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier], func_only=True))
 
 
+# Seconds spent per test file (setup, call and teardown), for the summary: the whole run is kept
+# under CI's 40-minute aim by knowing where its time goes.
+FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter):
     from helpers import BUDGETS
 
+    if FILE_SECONDS:
+        terminalreporter.section("time by tier and file")
+        tiers: dict[str, float] = {}
+        for path, seconds in FILE_SECONDS.items():
+            tier = Path(path).parent.name
+            tiers[tier] = tiers.get(tier, 0.0) + seconds
+        terminalreporter.write_line("  ".join(f"{tier} {seconds / 60:.1f} min" for tier, seconds in sorted(tiers.items())))
+        for path, seconds in sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
     if BUDGETS:
         terminalreporter.section("budgets")
         for line in BUDGETS:
