@@ -146,8 +146,9 @@ if cpu != gpu:
 PY
 rm "$root/images/cassava/gpu-check.lock"
 
-# Lists of their own: the venvs' pip, the SBOM generators every image runs during its build (and
+# Lists of their own: the venvs' pip, Cloud Build's tools, the SBOM generators every image runs during its build (and
 # then deletes), and Vertex AI's prebuilt prediction runtime's TensorFlow for the serving tests.
 standalone images/pip.in images/pip.lock
+standalone images/cloudbuild-tools.in images/cloudbuild-tools.lock
 standalone images/sbom/requirements.in images/sbom/requirements.lock
 standalone requirements/serving-runtime.in requirements/serving-runtime.lock
