@@ -2,7 +2,8 @@
 # Builds, structure-tests and pushes the images. The same steps run on a laptop with Docker and on
 # daemonless CI machines (podman/buildah); Cloud Build runs them from cloudbuild.yaml.
 #
-#   scripts/images.sh build IMAGE        build localhost/IMAGE:$TAG (an example's image builds its runtime first)
+#   scripts/images.sh build tf-runtime-cpu|tf-runtime-gpu|cassava-trainer-cpu|cassava-trainer-gpu|fares-trainer-cpu|tf-predictor-cpu
+#                                        build localhost/IMAGE:$TAG (an example's image builds its runtime first)
 #   scripts/images.sh test IMAGE         container-structure-test with the image's images/*/structure.yaml
 #   scripts/images.sh push IMAGE REPO    push as REPO/IMAGE:$TAG; prints the digest
 #   scripts/images.sh size IMAGE         uncompressed size, and per layer
@@ -161,5 +162,5 @@ case "$command" in
   test) check_image "${1:-}"; structure_test "$1" ;;
   push) check_image "${1:-}"; push "$1" "${2:-}" ;;
   size) check_image "${1:-}"; size "$1" ;;
-  *) sed -n '2,18p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac
