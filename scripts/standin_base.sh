@@ -47,8 +47,9 @@ mirror=$(apt_mirror)
 rootfs="$IMAGES_WORK/standin-rootfs"
 rm -rf "$rootfs"
 # The runtime libraries the official slim image keeps for its interpreter (OpenSSL, libffi, SQLite,
-# bzip2, xz, zlib, ncurses, readline, gdbm, Berkeley DB, libuuid), its CA bundle, netbase and tzdata.
-libraries=ca-certificates,netbase,tzdata,libssl3,libffi8,libsqlite3-0,libbz2-1.0,liblzma5,zlib1g,libncursesw6,libtinfo6,libreadline8,libgdbm6,libgdbm-compat4,libdb5.3,libuuid1
+# bzip2, xz, zlib, ncurses, readline, gdbm, Berkeley DB, libuuid; libnsl and libtirpc for nis), its
+# CA bundle, netbase and tzdata: Dockerfile.gpu's list, which its build checks with ldd.
+libraries=ca-certificates,netbase,tzdata,libssl3,libffi8,libsqlite3-0,libbz2-1.0,liblzma5,zlib1g,libncursesw6,libtinfo6,libreadline8,libgdbm6,libgdbm-compat4,libdb5.3,libuuid1,libnsl2,libtirpc3
 debootstrap --variant=minbase --include="$libraries" bookworm "$rootfs" ${mirror:+"$mirror"} \
   >"$IMAGES_WORK/debootstrap.log" 2>&1 || { tail -20 "$IMAGES_WORK/debootstrap.log" >&2; exit 1; }
 # The interpreter, its shared library and its standard library (not the tests, nor what this
