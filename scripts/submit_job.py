@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="replicas besides the chief")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (pss)")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator")
-    parser.add_argument("--image-uri", required=True, help="CPU image, e.g. REGION-docker.pkg.dev/PROJECT/REPO/cassava-trainer-cpu:TAG")
+    parser.add_argument("--image-uri", required=True, help="CPU image, e.g. REGION-docker.pkg.dev/PROJECT/REPO/cassava-trainer-cpu:TAG (or tf-runtime-cpu)")
     parser.add_argument("--gpu-image-uri", default=None, help="image for pools with accelerators (default --image-uri)")
     parser.add_argument("--evaluator-image-uri", default=None, help="evaluator image (required for ai-platform)")
     parser.add_argument("--machine-type", default="n1-standard-8", help="chief and workers")

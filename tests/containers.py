@@ -68,5 +68,5 @@ def run_as_written(engine, image: str, tag: str, command: str, cwd) -> subproces
 
 
 def build_env(base_image: str) -> dict:
-    # The stand-in base's interpreter is Debian's python3 (3.11 on bookworm).
-    return image_env(BASE_IMAGE=base_image, PYTHON="python3", TAG="test")
+    # The stand-in base lays out its interpreter as the production bases do (python3 in /usr/local).
+    return image_env(BASE_IMAGE=base_image, TAG="test")

@@ -24,26 +24,37 @@ def base_image(engine):
     return sh("scripts/standin_base.sh").stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture(scope="session")
-def cpu_image(base_image):
+def built(image: str, base_image: str, timeout: int = 1800) -> str:
     started = time.monotonic()
-    sh("scripts/images.sh", "build", "cpu", env=build_env(base_image))
-    BUDGETS.append(f"CPU image build: {time.monotonic() - started:.0f}s")
-    return "localhost/cassava-trainer-cpu:test"
-
-
-@pytest.fixture(scope="session")
-def gpu_image(base_image):
-    started = time.monotonic()
-    sh("scripts/images.sh", "build", "gpu", env=build_env(base_image), timeout=3000)
-    BUDGETS.append(f"GPU image build: {time.monotonic() - started:.0f}s")
-    return "localhost/cassava-trainer-gpu:test"
+    sh("scripts/images.sh", "build", image, env=build_env(base_image), timeout=timeout)
+    BUDGETS.append(f"{image} build: {time.monotonic() - started:.0f}s")
+    return f"localhost/{image}:test"
 
 
 @pytest.fixture(scope="session")
-def serving_image(cpu_image, base_image):
-    """The prediction image, built after the CPU image so that it reuses its base and TensorFlow layers."""
-    started = time.monotonic()
-    sh("scripts/images.sh", "build", "serving", env=build_env(base_image))
-    BUDGETS.append(f"prediction image build (after the CPU image): {time.monotonic() - started:.0f}s")
-    return "localhost/cassava-trainer-serving:test"
+def runtime_cpu_image(base_image):
+    """tf-runtime-cpu: the runtime alone, entry point trainer.run."""
+    return built("tf-runtime-cpu", base_image)
+
+
+@pytest.fixture(scope="session")
+def runtime_gpu_image(base_image):
+    return built("tf-runtime-gpu", base_image, timeout=3000)
+
+
+@pytest.fixture(scope="session")
+def cpu_image(runtime_cpu_image, base_image):
+    """cassava-trainer-cpu: the cassava example on the CPU runtime (its layers come from cache)."""
+    return built("cassava-trainer-cpu", base_image)
+
+
+@pytest.fixture(scope="session")
+def gpu_image(runtime_gpu_image, base_image):
+    """cassava-trainer-gpu: the cassava example on the GPU runtime."""
+    return built("cassava-trainer-gpu", base_image, timeout=3000)
+
+
+@pytest.fixture(scope="session")
+def serving_image(base_image):
+    """tf-predictor-cpu: the prediction server alone."""
+    return built("tf-predictor-cpu", base_image)

@@ -1,4 +1,4 @@
-"""A user's image built FROM the CPU image (examples/fares/Dockerfile), run as Vertex AI runs a
+"""A user's image built FROM the CPU runtime image (examples/fares/Dockerfile), run as Vertex AI runs a
 CustomJob (`submit_job.py local`): two MWMS replicas reading CSV files from the bucket, the chief
 preempted mid-epoch, the job restarted whole and resumed at the step of its backup; the chief's
 model and its tuning metric end up in the bucket."""
@@ -19,17 +19,17 @@ from helpers import BUDGETS, REPO, clean_env
 from test_vertex_rehearsal import dry_run, lines, run_local, summary
 
 EXAMPLE = REPO / "examples" / "fares"
-FARES_IMAGE = "localhost/fares:test"
+FARES_IMAGE = "localhost/fares-trainer-cpu:test"
 BUCKET = "vx-fares"
-# cloudml-hypertune writes its file with open(); pointed into the bucket through /gcs/, the
+# The runtime writes hypertune's file with open(); pointed into the bucket through /gcs/, the
 # chief's reports outlive the container, where the test can read them (a tuning trial's metrics
 # file is the rehearsal's own, and a CustomJob's stays in the container).
 METRICS_FILE = f"/gcs/{BUCKET}/hypertune/output.metrics"
 
 
 @pytest.fixture(scope="session")
-def fares_image(engine, cpu_image):
-    """examples/fares/Dockerfile built on the CPU image, as a user builds it, with the build
+def fares_image(engine, runtime_cpu_image):
+    """examples/fares/Dockerfile built on the CPU runtime image, as a user builds it, with the build
     context holding only the example."""
     from scripts.rehearsal import engine as engine_lib
 
@@ -39,8 +39,8 @@ def fares_image(engine, cpu_image):
         command = ["docker", "build"]
     else:  # as scripts/images.sh builds without a daemon
         command = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
-    sh(*command, "--build-arg", f"BASE_IMAGE={cpu_image}", "-t", FARES_IMAGE, str(EXAMPLE), env=env)
-    BUDGETS.append(f"fares image build (on the CPU image): {time.monotonic() - started:.0f}s")
+    sh(*command, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-t", FARES_IMAGE, str(EXAMPLE), env=env)
+    BUDGETS.append(f"fares image build (on the CPU runtime image): {time.monotonic() - started:.0f}s")
     return FARES_IMAGE
 
 
@@ -60,7 +60,7 @@ def test_the_fares_image_trains_under_vertex_is_preempted_resumes_and_saves_from
                    "--epochs", "2", "--steps-per-epoch", "60", "--per-replica-batch-size", "16",
                    "--backup-every-steps", "10", image=fares_image)
     chief_pool = spec["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
-    assert "command" not in chief_pool  # the image's ENTRYPOINT runs: python -m fares.task
+    assert "command" not in chief_pool  # the image's ENTRYPOINT runs: trainer.run -- python -m fares.task
     chief_pool["env"] = [{"name": "CLOUD_ML_HP_METRIC_FILE", "value": METRICS_FILE}]
     result = run_local(engine, tmp_path, spec, "--keep", str(tmp_path / "kept"), "--stage", f"{data}=gs://{BUCKET}/data",
                        "--preempt", "workerpool0-0@/a restart resumes at epoch 1 step 10$/")

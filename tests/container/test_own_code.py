@@ -1,4 +1,4 @@
-"""A user's own code on the CPU image: a plain MultiWorkerMirrored script (tests/fixtures/autopackaging/
+"""A user's own code on the CPU runtime image: a plain MultiWorkerMirrored script (tests/fixtures/autopackaging/
 task.py, which reads only TF_CONFIG and AIP_MODEL_DIR) in the image gcloud's autopackaging builds
 FROM ours, whose ENTRYPOINT is `python task.py`, run as a CustomJob written by hand and as the
 JobSet `submit_job.py jobset --image-uri` writes for it."""
@@ -20,15 +20,15 @@ POOL = {"machineSpec": {"machineType": "e2-standard-4"}, "replicaCount": "1"}
 
 
 @pytest.fixture(scope="module")
-def autopackaged_image(engine, cpu_image):
-    """The fixture's Dockerfile (gcloud's lines) built on the tests' CPU image, as `gcloud ai
+def autopackaged_image(engine, runtime_cpu_image):
+    """The fixture's Dockerfile (gcloud's lines) built on the tests' CPU runtime image, as `gcloud ai
     custom-jobs local-run` builds it: the folder is the context."""
     tool, env = engine
     if tool == "podman":
         build = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
     else:
         build = ["docker", "build"]
-    sh(*build, "--build-arg", f"BASE_IMAGE={cpu_image}", "-f", str(FIXTURE / "Dockerfile"), "-t", AUTOPACKAGED,
+    sh(*build, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-f", str(FIXTURE / "Dockerfile"), "-t", AUTOPACKAGED,
        str(FIXTURE), env=env)
     return AUTOPACKAGED
 

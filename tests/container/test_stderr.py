@@ -1,9 +1,10 @@
 """stderr inside the CPU image, which Vertex AI's Cloud Logging shows as ERROR: empty for a healthy
 job; one line for a bad flag or a bad-data stop. The image's entrypoint runs as PID 1, as Vertex
-AI and Kubernetes run it (no --init), so its stderr relay (trainer/relay.py) is PID 1 too."""
+AI and Kubernetes run it (no --init), so its stderr relay, trainer.run (the entry point), is PID 1."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import uuid
@@ -16,6 +17,8 @@ HEALTHY_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--image-size", "32
 
 def run(engine, image, *args, volumes=()) -> subprocess.CompletedProcess:
     tool, env = engine
+    for volume in volumes:  # the image runs as uid 1000
+        os.chmod(volume.split(":")[0], 0o777)
     mounts = [flag for volume in volumes for flag in ("-v", volume)]
     return subprocess.run([tool, "run", "--rm", *mounts, image, *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
@@ -52,6 +55,7 @@ def test_sigterm_to_the_container_reaches_the_trainer_through_the_relay(engine, 
     passes it on: the trainer saves its backup and exits 143, as it does when it is PID 1 itself."""
     tool, env = engine
     name = f"cassava-sigterm-{uuid.uuid4().hex[:8]}"
+    os.chmod(tmp_path, 0o777)  # the image runs as uid 1000
     process = subprocess.Popen(
         [tool, "run", "--rm", "--name", name, "-v", f"{tmp_path}:/out", cpu_image, *HEALTHY_RUN,
          "--epochs", "50", "--model-dir", "/out/model"],

