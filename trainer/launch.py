@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ import threading
 import time
 from typing import Sequence
 
-from trainer import cli, exits, relay, stopping
+from trainer import cli, exits, ports, relay, stopping
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -87,18 +86,6 @@ def tf_config(cluster: dict, task: TaskSpec) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": task.task_type, "index": task.index}})
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out; all are held open together so they are distinct."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("localhost", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 class Job:
     def __init__(self, cluster: dict, tasks: list[TaskSpec], command: list[str], work_dir: str, parameter_server: bool,
                  grace: float = DEFAULT_GRACE_SECONDS, all_logs: bool = False):
@@ -110,8 +97,12 @@ class Job:
         self.grace = grace
         self.all_logs = all_logs
         self.hidden_lines = 0
+        self.hidden_progress = 0
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
+        # Servers (PSS workers and ps) stopped because training was done: how such a job ends on
+        # every platform, so the report reads it as success, not as their SIGTERM's 143.
+        self.stopped_when_done: set[str] = set()
         self.print_lock = threading.Lock()
         self.readers: list[threading.Thread] = []
 
@@ -124,8 +115,6 @@ class Job:
         os.makedirs(os.path.join(scratch, "tmp"), exist_ok=True)
         env = dict(os.environ)
         env.pop("CLUSTER_SPEC", None)
-        # The launcher filters what it relays itself: a relay per task would only add a process.
-        env.pop(relay.RELAY_VARIABLE, None)
         env["TF_CONFIG"] = tf_config(self.cluster, task)
         env["TMPDIR"] = os.path.join(scratch, "tmp")
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
@@ -147,9 +136,18 @@ class Job:
         self.say(f"started {task.name} (pid {process.pid})")
 
     def _relay(self, name: str, process: subprocess.Popen) -> None:
+        lines = relay.Filter()
+        # Every MultiWorkerMirrored worker runs the same steps as the chief: its progress lines
+        # would repeat the chief's, once per worker.
+        repeats_the_chief = name.startswith("worker-") and not self.parameter_server
         for line in process.stdout:
-            if not self.all_logs and relay.is_harmless(line):
+            if self.all_logs:
+                pass
+            elif not lines.keep(line):
                 self.hidden_lines += 1
+                continue
+            elif repeats_the_chief and relay.is_progress(line):
+                self.hidden_progress += 1
                 continue
             with self.print_lock:
                 sys.stdout.write(f"[{name}] {line}" if line.endswith("\n") else f"[{name}] {line}\n")
@@ -176,8 +174,19 @@ class Job:
             if self.hidden_lines:
                 self.say(f"hid {self.hidden_lines} known-harmless TensorFlow lines (trainer/relay.py says why; "
                          f"--all-logs shows them)")
-            self.say("task exit codes: " + " ".join(f"{name}={exit_code(p.returncode)}" for name, p in self.processes.items()))
+            if self.hidden_progress:
+                self.say(f"hid {self.hidden_progress} progress lines of the workers, which repeat the chief's "
+                         f"(--all-logs shows them)")
+            self.say("task exit codes: " + " ".join(f"{name}={self.outcome(name)}" for name in self.processes))
         return code
+
+    def outcome(self, name: str) -> str:
+        """A task's exit code for the report; `stopped` for a server the launcher stopped once
+        training was done, when that stop is what ended it (SIGTERM's 143, or 0)."""
+        code = exit_code(self.processes[name].returncode)
+        if name in self.stopped_when_done and code in (exits.OK, exits.RETRYABLE):
+            return "stopped"
+        return str(code)
 
     def _supervise(self, deadline: float | None) -> int:
         # Tasks whose failure ends the job, and tasks that only serve until training is done.
@@ -218,6 +227,7 @@ class Job:
                 chief_done = True
                 if servers:
                     self.say("training finished: stopping the servers")
+                    self.stopped_when_done.update(servers)
                     self.stop(servers, grace=self.grace)
                 if evaluators:
                     self.say("waiting for the evaluator's last evaluation")
@@ -229,14 +239,6 @@ class Job:
 def exit_code(returncode: int | None) -> int | None:
     """A process killed by signal N reports 128 + N, as a shell (and a container) would."""
     return None if returncode is None else exits.of_process(returncode)
-
-
-def task_command(words: Sequence[str]) -> list[str]:
-    """The command as given, a leading `python`/`python3` replaced by this interpreter."""
-    words = list(words)
-    if words and words[0] in ("python", "python3"):
-        words[0] = sys.executable
-    return words
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,11 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    command = task_command(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    command = relay.with_this_python(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         parser.error("no command: give it after --, e.g. -- python -m cassava.task --epochs 1")
     cluster_size = 1 + (args.workers + args.ps if args.ps else args.workers - 1)
-    cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, free_ports(cluster_size))
+    cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, ports.free_ports(cluster_size, "localhost"))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
     job = Job(cluster, tasks, command, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,

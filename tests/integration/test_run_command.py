@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, clean_env, run_module
-from trainer import launch, stopping
+from trainer import ports, stopping
 
 SCRIPT = REPO / "tests" / "fixtures" / "autopackaging" / "task.py"
 REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
@@ -32,7 +32,7 @@ def test_vertex_cluster_spec_with_reducers_trains_the_plain_script_on_two_replic
     """Vertex gives a two-replica job CLUSTER_SPEC (workerpool0/1) and, in pool 2, Reduction Server
     reducers that run no TensorFlow: the runner makes a TF_CONFIG without them, or the strategy would
     wait for them forever."""
-    chief_port, worker_port, reducer_port = launch.free_ports(3)
+    chief_port, worker_port, reducer_port = ports.free_ports(3, "localhost")
     job = {"workerPoolSpecs": [{}, {}, {"containerSpec": {"imageUri": REDUCER_IMAGE}}]}
     cluster = {"workerpool0": [f"localhost:{chief_port}"], "workerpool1": [f"localhost:{worker_port}"],
                "workerpool2": [f"localhost:{reducer_port}"]}
@@ -137,6 +137,42 @@ def test_a_crash_arrives_whole_on_stderr_with_the_commands_exit_code():
     assert err == direct.stderr  # line for line what the script printed, in order
     lines = err.splitlines()
     assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "ZeroDivisionError: division by zero", err
+
+
+def test_a_fatal_line_written_just_before_an_abort_is_not_lost():
+    process = runner("python", "-c", "import os; os.write(2, b'F0000 00:00:1.0 6 dataset.cc:12] Check failed: x\\n'); os.abort()",
+                     env=clean_env())
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGABRT
+    assert err == "F0000 00:00:1.0 6 dataset.cc:12] Check failed: x\n"
+
+
+def test_an_exit_0_that_left_the_model_directory_empty_is_one_warning_from_the_saving_task_only(tmp_path):
+    model_dir = tmp_path / "model"
+    process = runner("python", "-c", "print('trained, saved nothing')", env=clean_env(AIP_MODEL_DIR=str(model_dir)))
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and out == "trained, saved nothing\n"
+    assert err == (f"trainer.run: warning: the command exited 0 and left the model directory empty "
+                   f"(AIP_MODEL_DIR={model_dir}); save the trained model there: Vertex AI makes a Model from that "
+                   "directory only\n")
+    saves = runner("python", "-c", "import os; open(os.environ['AIP_MODEL_DIR'] + '/saved_model.pb', 'w').close()",
+                   env=clean_env(AIP_MODEL_DIR=str(tmp_path)))
+    assert saves.communicate(timeout=60) == ("", "") and saves.returncode == 0
+    worker = {"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    not_saving = runner("true", env=clean_env(AIP_MODEL_DIR=str(model_dir), TF_CONFIG=json.dumps(worker)))
+    assert not_saving.communicate(timeout=60) == ("", "") and not_saving.returncode == 0
+
+
+def test_python_is_the_runners_own_interpreter_with_the_virtualenv_not_activated(tmp_path):
+    """The virtualenv's python called by its path, with a PATH that holds no python of the
+    virtualenv: `python` in the command is still that interpreter, with TensorFlow."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AIP_MODEL_DIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "1"}
+    (tmp_path / "saved_model.pb").write_bytes(b"")
+    result = subprocess.run([sys.executable, "-m", "trainer.run", "--", "python", "-c",
+                             "import sys, tensorflow; print(sys.executable)"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sys.executable in result.stdout.splitlines(), result.stdout
 
 
 def test_the_last_line_without_a_newline_and_a_signal_death_are_kept():
