@@ -808,7 +808,9 @@ def report(raw: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from trainer import cli
+
+    parser = cli.OneLineParser(prog="python benchmarks/time_to_accuracy.py", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="processes of each MultiWorkerMirrored job")
     parser.add_argument("--images", type=int, default=384, help="generated training images (a quarter as many validate)")
     parser.add_argument("--image-size", type=int, default=64)
