@@ -240,9 +240,9 @@ def images_per_epoch(args) -> int:
 def start_lab(args, data_dir: str, weights: str, preprocess: str, epochs: int) -> list[subprocess.Popen]:
     """The lab's job, one process per worker, the chief first (its output on a pipe);
     `preprocess`: "unit" ([0, 1], the codelab's) or "resnet50" (preprocess_input)."""
-    from trainer import launch
+    from trainer import launch, ports
 
-    cluster, tasks = launch.plan_cluster(args.workers, 0, False, launch.free_ports(args.workers))
+    cluster, tasks = launch.plan_cluster(args.workers, 0, False, ports.free_ports(args.workers, "localhost"))
     processes = []
     for task in tasks:
         env = dict(os.environ, PYTHONPATH=REPO)

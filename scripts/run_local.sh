@@ -18,7 +18,7 @@ synthetic.ensure(sources.DEFAULT_CACHE_DIR, 384)'
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-.venv/bin/python -m trainer.launch --workers 2 --timeout 1800 -- python -m cassava.task \
+.venv/bin/python -m trainer.launch --replicas 2 --timeout 1800 -- python -m cassava.task \
   --dataset synthetic:384 --epochs 6 --per-replica-batch-size 16 --image-size 64 --weights none \
   --model-dir "$model_dir" "$@" | tee "$log"
 # The save prints after training ends; repeat the verdict last, where a reader looks.

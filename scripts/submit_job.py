@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "chief's machine, GPUs and image (arguments after -- go to the self-check)")
     parser.add_argument("--name", default="cassava-multiworker", help="display name / JobSet or TFJob name")
     parser.add_argument("--strategy", choices=("mwms", "pss"), default="mwms")
-    parser.add_argument("--workers", type=int, default=1, help="replicas besides the chief")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="the workers besides the chief (worker pool 1; TF_CONFIG's worker list), in both strategies: "
+                        "`python -m trainer.launch --replicas N+1` runs the same MultiWorkerMirrored job locally")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (pss)")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator")
     parser.add_argument("--image-uri", required=True, help="CPU image, e.g. REGION-docker.pkg.dev/PROJECT/REPO/cassava-trainer-cpu:TAG")

@@ -1,14 +1,19 @@
 """Runs a whole multi-worker job on one machine, one process per task, each running COMMAND.
 
-    python -m trainer.launch --workers N [--ps M] [--evaluator] [--timeout S] -- COMMAND [ARGS]
+    python -m trainer.launch --replicas N [--evaluator] [--timeout S] -- COMMAND [ARGS]
+    python -m trainer.launch --workers N --ps M [--evaluator] [--timeout S] -- COMMAND [ARGS]
 
 COMMAND is any program that reads its cluster from TF_CONFIG: `python -m cassava.task FLAGS`,
 `python -m trainer.fit --task MODULE FLAGS`, `python my_script.py`. A leading `python` or
 `python3` runs this launcher's own interpreter, so the tasks see the same packages.
 
-Without --ps this is a MultiWorkerMirrored job of N training workers: chief-0 plus worker-0 ..
+With --replicas it is a MultiWorkerMirrored job of N training replicas: chief-0 plus worker-0 ..
 worker-(N-2). With --ps it is a ParameterServer job: chief-0 coordinates, N workers and M
-parameter servers serve. --evaluator adds the side-car evaluator-0.
+parameter servers serve. --evaluator adds the side-car evaluator-0. The counts are named for what
+they count: --workers is always the workers besides the chief, as submit_job.py's --workers, a
+JobSet's or TFJob's Worker replicas and Vertex AI's worker pool 1 count them; --replicas counts
+every process that trains, the chief included. (`--workers N` without --ps, which used to mean N
+replicas, still does, with a line saying to write --replicas N.)
 
 Each task gets its own TF_CONFIG, naming free localhost ports, and its own scratch directory
 (TMPDIR, the hypertune metrics file), as if it ran on a machine of its own. Every output line
@@ -247,8 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a multi-worker job locally: every task runs the command after --, with its own TF_CONFIG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--workers", type=cli.positive_int, required=True,
-                        help="training workers: with --ps, the workers besides the chief; without, chief included")
+    counts = parser.add_mutually_exclusive_group(required=True)
+    counts.add_argument("--replicas", type=cli.positive_int,
+                        help="a MultiWorkerMirrored job of this many training processes, the chief included")
+    counts.add_argument("--workers", type=cli.positive_int,
+                        help="with --ps: the workers besides the chief, as submit_job.py's --workers counts them")
     parser.add_argument("--ps", type=cli.non_negative_int, default=0, help="parameter servers")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator task")
     parser.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds (exit 124)")
@@ -269,12 +277,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = relay.with_this_python(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         parser.error("no command: give it after --, e.g. -- python -m cassava.task --epochs 1")
-    cluster_size = 1 + (args.workers + args.ps if args.ps else args.workers - 1)
-    cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, ports.free_ports(cluster_size, "localhost"))
+    if args.ps and args.replicas:
+        parser.error(f"--replicas counts a MultiWorkerMirrored job; with --ps give --workers {args.replicas}, the workers "
+                     "besides the chief")
+    # plan_cluster's count: without --ps the replicas, chief included; with --ps the workers besides it.
+    count = args.workers if args.ps else args.replicas or args.workers
+    cluster_size = 1 + (count + args.ps if args.ps else count - 1)
+    cluster, tasks = plan_cluster(count, args.ps, args.evaluator, ports.free_ports(cluster_size, "localhost"))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
     job = Job(cluster, tasks, command, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,
               all_logs=args.all_logs)
+    if args.workers and not args.ps:
+        job.say(f"--workers {args.workers} without --ps: {args.workers} training replicas, the chief included, as "
+                f"before; write --replicas {args.workers} (--workers counts the workers besides the chief, as "
+                "submit_job.py does)")
     job.say(f"cluster {json.dumps(cluster)}; scratch in {work_dir}")
 
     def on_signal(signum, _frame):

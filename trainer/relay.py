@@ -79,6 +79,29 @@ class Filter:
         return not is_harmless(line)
 
 
+# TensorFlow errors a level-1 script meets for want of one setting, and the line a supervisor adds
+# after the command failed with one: TensorFlow's own message is long, and read as the job's
+# output it reads as a bug. Text matched anywhere in a line -> the runtime's line.
+KNOWN_FAILURES = {
+    # tf.distribute's auto-sharding (tensorflow/core/grappler/optimizers/data/auto_shard.cc):
+    # strategy.experimental_distribute_dataset, which Keras' fit calls, shards a dataset read from
+    # files by file under the default policy, AUTO, as under FILE, and fails at the first batch
+    # when there are fewer files than workers; the other workers then die of the lost peer.
+    "Could not apply FILE based sharding":
+        "the dataset has fewer files than the job has workers, so TensorFlow could not give each worker files of "
+        "its own: shard by record (options.experimental_distribute.auto_shard_policy = "
+        "tf.data.experimental.AutoShardPolicy.DATA, then dataset.with_options(options)), or write at least as "
+        "many files as workers",
+}
+_KNOWN_FAILURE = re.compile("|".join(re.escape(text) for text in KNOWN_FAILURES))
+
+
+def known_failure(line: str) -> str | None:
+    """The runtime's line for a KNOWN_FAILURES error `line` shows, else None."""
+    match = _KNOWN_FAILURE.search(line)
+    return KNOWN_FAILURES[match.group(0)] if match else None
+
+
 # Keras' progress lines (tf-keras and Keras 3, verbose 1 or 2): "Epoch 3/10", then "12/50 [===>...]
 # - ETA: ...", "12/50 ━━━━ ..." or "50/50 - 1s - ...", drawn with carriage returns and colours.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -30,6 +30,10 @@ SIGTERM was forwarded to it (a script may catch it and exit 1: the cause is stil
 127 when COMMAND is not found and 126 when it cannot be executed, as a shell says, with one line;
 2 with one line when the cluster description or the flags are unusable.
 
+When COMMAND fails with one of the errors trainer/relay.py lists in KNOWN_FAILURES (a dataset
+with fewer files than workers under tf.distribute's default sharding), one line of this runner's
+own follows TensorFlow's, saying what to change.
+
 When the environment names a model directory (AIP_MODEL_DIR: Vertex AI's, or your own) and
 COMMAND exits 0 on the task that saves (the chief, or a single process) having left it empty, one
 warning line says so: Vertex AI makes a Model from that directory only, and a script that saved
@@ -160,13 +164,16 @@ def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str, sa
         forward(signum, None)
 
     writer = severity.Writer(sys.stdout.fileno(), sys.stderr.fileno(), log_format_name)
-    reader = threading.Thread(target=_copy, args=(child.stderr, writer), daemon=True)
+    failures: list[str] = []  # what KNOWN_FAILURES says of the errors seen, in order
+    reader = threading.Thread(target=_copy, args=(child.stderr, writer, failures), daemon=True)
     reader.start()
     returncode = child.wait()
     # What COMMAND wrote before it exited is in the pipe: read at once. Only a process it left
     # behind, still holding the pipe, keeps the reader longer.
     reader.join(timeout=relay.DRAIN_SECONDS)
     code = exit_status(returncode, terminated)
+    if code != exits.OK and failures:
+        writer.entry(severity.ERROR, f"trainer.run: the command failed: {failures[0]}")
     warning = empty_model_warning(code, saved_to)
     if warning:
         writer.entry(severity.WARNING, warning)
@@ -174,12 +181,15 @@ def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str, sa
     return code
 
 
-def _copy(stream: io.BufferedReader, writer: severity.Writer) -> None:
+def _copy(stream: io.BufferedReader, writer: severity.Writer, failures: list[str]) -> None:
     lines = relay.Filter()
     for raw in stream:  # the last line comes too, with or without its newline
         text = severity.decode(raw)
         if lines.keep(text):
             writer.line(text)
+            failure = relay.known_failure(text)
+            if failure and failure not in failures:
+                failures.append(failure)
 
 
 def build_parser() -> argparse.ArgumentParser:

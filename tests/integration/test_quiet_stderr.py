@@ -91,7 +91,7 @@ def test_the_export_saves_no_optimizer_and_loads_back_as_keras(two_process_job):
 def test_a_healthy_launcher_run_shows_no_runtime_line(tmp_path, data_root):
     """trainer.launch relays every task's stdout and stderr as one stream, without the known-
     harmless lines: a healthy job shows none of TensorFlow's C++ lines and no Keras warning."""
-    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m", "cassava.task",
+    result = run_module("trainer.launch", "--replicas", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m", "cassava.task",
                         *HEALTHY_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
                         env=clean_env(**image_environment()))
     assert result.returncode == 0, result.stdout[-4000:]

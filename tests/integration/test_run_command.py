@@ -55,13 +55,53 @@ def test_vertex_cluster_spec_with_reducers_trains_the_plain_script_on_two_replic
 def test_trainer_launch_runs_the_plain_script_through_the_runner_on_every_task(tmp_path):
     """`trainer.launch -- COMMAND`: each task's TF_CONFIG from the launcher, the runner inside."""
     model_dir = tmp_path / "model"
-    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
+    result = run_module("trainer.launch", "--replicas", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
                         "--", sys.executable, "-m", "trainer.run", "--", sys.executable, str(SCRIPT),
                         env=clean_env(**IMAGE_ENV, AIP_MODEL_DIR=str(model_dir)), timeout=560)
     assert result.returncode == 0, result.stdout[-4000:]
     for task in ("chief-0", "worker-0"):
         assert f"[{task}] num_replicas_in_sync 2" in result.stdout.splitlines(), result.stdout[-4000:]
     assert (model_dir / "saved_model.pb").exists()
+
+
+ONE_FILE_SCRIPT = """
+import sys
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+path = sys.argv[1] + "/only-00000.tfrecord"
+with tf.io.TFRecordWriter(path) as writer:
+    for index in range(64):
+        writer.write(str(index).encode())
+dataset = tf.data.Dataset.list_files(path, shuffle=False).interleave(tf.data.TFRecordDataset).batch(8)
+if sys.argv[2] == "DATA":
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(options)
+print("batches", sum(1 for _ in strategy.experimental_distribute_dataset(dataset)), flush=True)
+"""
+
+
+def test_a_dataset_of_fewer_files_than_workers_fails_with_one_line_of_the_runtimes_saying_what_to_change(tmp_path):
+    """tf.distribute's default sharding (AUTO) shards files by file and fails at the first batch with
+    fewer files than workers (Keras' fit goes the same way); the setting the runtime's line names
+    makes the same job run."""
+    script = tmp_path / "one_file.py"
+    script.write_text(ONE_FILE_SCRIPT)
+    outputs = {}
+    for policy in ("AUTO", "DATA"):
+        (tmp_path / policy).mkdir()
+        outputs[policy] = run_module("trainer.launch", "--replicas", "2", "--work-dir", str(tmp_path / "work"), "--timeout",
+                                     "300", "--", "python", "-m", "trainer.run", "--", "python", str(script),
+                                     str(tmp_path / policy), policy, env=clean_env(TF_CPP_MIN_LOG_LEVEL="1"), timeout=400)
+    failed, ran = outputs["AUTO"], outputs["DATA"]
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert "Could not apply FILE based sharding" in failed.stdout
+    said = [line for line in failed.stdout.splitlines() if "trainer.run: the command failed:" in line]
+    assert said == ["[chief-0] trainer.run: the command failed: the dataset has fewer files than the job has workers, so "
+                    "TensorFlow could not give each worker files of its own: shard by record "
+                    "(options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA, "
+                    "then dataset.with_options(options)), or write at least as many files as workers"], failed.stdout[-3000:]
+    assert ran.returncode == 0 and "[chief-0] batches 8" in ran.stdout.splitlines(), ran.stdout[-3000:]
 
 
 def test_a_jobset_pod_gets_a_tf_config_and_the_output_directories():

@@ -87,6 +87,14 @@ def test_keras_progress_lines_are_told_from_the_rest(line, progress):
     assert relay.is_progress(line) == progress
 
 
+def test_a_known_failure_is_recognised_in_tensorflows_line_and_others_are_not():
+    line = ("tensorflow.python.framework.errors_impl.InvalidArgumentError: {{function_node __wrapped__IteratorGetNextAsOptional}} "
+            "Could not apply FILE based sharding: the dataset only has 1 file(s), which is not enough for the required 2 "
+            "shards/workers.")
+    assert relay.known_failure(line).startswith("the dataset has fewer files than the job has workers")
+    assert relay.known_failure("ValueError: Could not interpret optimizer identifier") is None
+
+
 def test_the_keras_false_alarm_is_dropped_and_other_tensorflow_warnings_kept(caplog):
     logs.configure()
     keras_log = logging.getLogger("tensorflow")
