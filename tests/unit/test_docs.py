@@ -33,7 +33,6 @@ import functools
 import io
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -199,7 +198,15 @@ def last_line(text: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def module_help(module: str) -> str:
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    """`python -m MODULE --help`, from the module's own main in this process (argparse answers
+    --help before anything heavy runs)."""
+    import importlib
+
+    from helpers import run_main
+
+    package_main = Path(*module.split(".")) / "__main__.py"
+    imported = importlib.import_module(f"{module}.__main__" if (REPO / package_main).is_file() else module)
+    result = run_main(imported.main, "--help")
     assert result.returncode == 0, f"python -m {module} --help: {result.stderr.strip()[-500:]}"
     return result.stdout
 
