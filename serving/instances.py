@@ -30,6 +30,8 @@ import numpy as np
 from serving import images
 from serving.model import NUMPY_TYPES, Tensor
 
+# A 12 MP phone photo is well inside; a 40 MP image decodes to 120 MB of pixels.
+DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 # A float read into an integer input must be exact: float64 holds every integer up to 2**53.
 _EXACT_FLOAT_INTEGERS = 2 ** 53
 

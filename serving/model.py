@@ -63,6 +63,13 @@ class Model:
         self.inputs = inputs
         self.outputs = outputs
 
+    def describe(self) -> str:
+        """`NAME(input dtype[shape], ...) -> output dtype[shape], ...`, for the log and errors."""
+        def listed(tensors: Mapping[str, Tensor]) -> str:
+            return ", ".join(f"{name} {spec.describe()}" for name, spec in tensors.items())
+
+        return f"{self.name}({listed(self.inputs)}) -> {listed(self.outputs)}"
+
     def __call__(self, columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The outputs for a batch (one array per input, batch first), each with the batch first.
         Raises Refused when TensorFlow refuses the inputs."""

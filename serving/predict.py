@@ -29,7 +29,7 @@ import json
 import sys
 from typing import Sequence
 
-from serving import flags, instances, model as model_lib, predictor as predictor_lib, quiet_tensorflow, server
+from serving import flags, instances, model as model_lib, predictor as predictor_lib, quiet_tensorflow
 
 # Instances per call of the signature: bounds memory for long file lists.
 BATCH = 32
@@ -57,7 +57,7 @@ def raw_instances(model: model_lib.Model, files: Sequence[str], instances_file: 
     if files:
         names = list(model.inputs)
         if len(names) != 1 or model.inputs[names[0]].dtype != "string" or model.inputs[names[0]].shape:
-            raise PredictError(f"signature {model.name} takes {server.describe(model.inputs)}, not one file's bytes: "
+            raise PredictError(f"signature {model.describe()} takes other inputs than one file's bytes: "
                                "give its instances as JSON Lines with --instances FILE")
         return [(path, {"b64": base64.b64encode(read_bytes(path)).decode("ascii")}) for path in files]
     raw = []
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         model = model_lib.load(args.model_dir, args.signature)
         raw = raw_instances(model, args.files, args.instances)
-        limits = instances.Limits(_NO_LIMIT, server.DEFAULT_MAX_IMAGE_PIXELS)
+        limits = instances.Limits(_NO_LIMIT, instances.DEFAULT_MAX_IMAGE_PIXELS)
         read = [(source, instances.instance(source, value, model.inputs, limits)) for source, value in raw]
         if args.vertex_request:
             # By the input's name, as Vertex's prebuilt containers also take it.

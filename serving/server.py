@@ -52,7 +52,7 @@ import threading
 import time
 from typing import Mapping, Sequence
 
-from serving import flags, model as model_lib
+from serving import flags, instances, model as model_lib
 
 DEFAULT_PORT = 8080  # Vertex's default containerSpec port
 DEFAULT_HEALTH_ROUTE = "/health"
@@ -60,8 +60,6 @@ DEFAULT_PREDICT_ROUTE = "/predict"
 # Vertex AI's dedicated endpoints forward bodies of up to 10 MB, its shared public endpoints 1.5 MB.
 DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_INSTANCES = 64
-# A 12 MP phone photo is well inside; a 40 MP image decodes to 120 MB of pixels.
-DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 DEFAULT_CLIENT_TIMEOUT = 30.0
 DEFAULT_MAX_CONNECTIONS = 64
 # After SIGTERM, how long requests in progress may take; Kubernetes, which Vertex's prediction
@@ -113,7 +111,7 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
                         help="larger bodies are answered 413 without being read")
     limits.add_argument("--max-instances", type=flags.positive_int, default=DEFAULT_MAX_INSTANCES,
                         help="instances in one request")
-    limits.add_argument("--max-image-pixels", type=flags.positive_int, default=DEFAULT_MAX_IMAGE_PIXELS,
+    limits.add_argument("--max-image-pixels", type=flags.positive_int, default=instances.DEFAULT_MAX_IMAGE_PIXELS,
                         help="width x height of one image, read from its header before it is decoded")
     limits.add_argument("--client-timeout", type=flags.positive_float, default=DEFAULT_CLIENT_TIMEOUT, metavar="SECONDS",
                         help="to send a request head, to send a body, or to keep an idle connection")
@@ -165,7 +163,7 @@ def build_app(settings: Settings, state: _State):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from serving import answers, instances, predictor as predictor_lib
+    from serving import answers, predictor as predictor_lib
 
     limits = instances.Limits(settings.max_instances, settings.max_image_pixels)
 
@@ -387,8 +385,8 @@ def serve(settings: Settings) -> int:
             failure.append(f"{settings.model_dir}: cannot load the model ({type(error).__name__}: {error})".splitlines()[0])
         else:
             model = state.predictor.model
-            log.info("model loaded from %s in %.1fs: %s(%s) -> %s; ready on %s%s", settings.model_dir,
-                     time.monotonic() - started, model.name, describe(model.inputs), describe(model.outputs),
+            log.info("model loaded from %s in %.1fs: %s; ready on %s%s", settings.model_dir,
+                     time.monotonic() - started, model.describe(),
                      settings.predict_route, "" if warmed else " (not warmed up: the first request makes the model's first call)")
             return
         server.should_exit = True
@@ -412,10 +410,6 @@ def serve(settings: Settings) -> int:
     reason = signal.Signals(stops[0]).name if stops else "a stop"
     log.info("stopped on %s after %d prediction requests", reason, state.requests)
     return 0
-
-
-def describe(tensors: Mapping[str, model_lib.Tensor]) -> str:
-    return ", ".join(f"{name} {spec.describe()}" for name, spec in tensors.items())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
