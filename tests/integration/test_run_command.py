@@ -104,6 +104,31 @@ def test_a_dataset_of_fewer_files_than_workers_fails_with_one_line_of_the_runtim
     assert ran.returncode == 0 and "[chief-0] batches 8" in ran.stdout.splitlines(), ran.stdout[-3000:]
 
 
+PROGRESS_SCRIPT = """
+import json, os
+task = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
+print("Epoch 1/1", flush=True)
+print("\\r1/4 [======>.......................] - ETA: 0s - loss: 1.3093\\b\\b\\r4/4 [==============================] - 0s", flush=True)
+print(f"{task} done", flush=True)
+"""
+
+
+def test_the_launcher_shows_the_chiefs_progress_lines_and_counts_the_workers(tmp_path):
+    """A MultiWorkerMirrored worker's Keras progress lines repeat the chief's: the launcher leaves
+    them out, says how many, and keeps every other line of the worker's."""
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS_SCRIPT)
+    result = run_module("trainer.launch", "--replicas", "3", "--", "python", str(script), timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.splitlines()
+    assert "[chief-0] Epoch 1/1" in lines and not [line for line in lines if line.startswith("[worker-") and "Epoch" in line]
+    assert "[worker-0] worker done" in lines and "[worker-1] worker done" in lines
+    # Universal newlines split a bar at its carriage returns: Epoch and two bars a worker, 6 in all.
+    assert ("[launch] hid 6 progress lines of the workers, which repeat the chief's (--all-logs shows them)" in lines), lines
+    shown = run_module("trainer.launch", "--replicas", "2", "--all-logs", "--", "python", str(script), timeout=120)
+    assert "[worker-0] Epoch 1/1" in shown.stdout.splitlines()
+
+
 def test_a_jobset_pod_gets_a_tf_config_and_the_output_directories():
     """One JobSet pod's view (two pods of a JobSet need two hosts: every pod listens on one port)."""
     env = clean_env(JOBSET_NAME="mine", JOBSET_REPLICATED_JOB="worker", JOBSET_JOB_INDEX="0",
