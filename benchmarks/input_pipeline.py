@@ -27,7 +27,6 @@ machine's decode limit: one thread's JPEG decode rate, timed in the same run, ti
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import gc
 import os
@@ -37,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import trainer  # noqa: E402,F401  (selects tf-keras before TensorFlow is imported)
-from trainer import stopping, storage  # noqa: E402
+from trainer import cli, stopping, storage  # noqa: E402
 
 # What cassava.task sets before TensorFlow starts: the GCS client reads these when TensorFlow
 # loads, so setting them later (say, when the bucket is made) leaves the client on its defaults
@@ -365,7 +364,7 @@ def generate(directory: str, num_images: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="python benchmarks/input_pipeline.py", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1024 images, 3 repeats")
     parser.add_argument("--images", type=int, default=None, help="images to generate (default 2048)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 5)")

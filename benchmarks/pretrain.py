@@ -21,7 +21,6 @@ once; later runs reuse them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -150,7 +149,10 @@ def describe(cost: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sys.path.insert(0, REPO)
+    from trainer import cli
+
+    parser = cli.OneLineParser(prog="python benchmarks/pretrain.py", description=__doc__.split("\n")[0])
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=32)

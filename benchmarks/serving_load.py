@@ -35,7 +35,6 @@ measurements report() writes it from to KIND.json beside it.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime
 import http.client
@@ -43,7 +42,6 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,7 +53,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import rounds as rounds_lib  # noqa: E402  (benchmarks/ is on the path)
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
-from trainer import stopping  # noqa: E402
+from trainer import cli, stopping  # noqa: E402
+from trainer.ports import free_port  # noqa: E402
 
 # A row (or a ceiling measurement) is flagged when the machine's other processes used more than
 # this share of its CPUs meanwhile: clients and server share the cores, so what a neighbour takes
@@ -91,38 +90,40 @@ def photos(count: int) -> list[bytes]:
 
 
 class Ceiling:
-    """serving.predict's images/s in this process: classify() over the images, again and again."""
+    """serving.predict's images/s in this process: serving.predict.answer over the images, again and again."""
 
     def __init__(self, model_dir: str, images: list[bytes]):
-        from serving import predict
+        from serving import instances, model as serving_model, predict, predictor as predictor_lib
 
-        self.predict, self.images = predict, images
-        self.signature = predict.load_signature(model_dir)
-        self.paths = [f"image-{i}.jpg" for i in range(len(images))]
-        predict.classify(self.signature, self.paths[:predict.BATCH], images[:predict.BATCH])  # the first call traces
+        self.predict = predict
+        self.model = serving_model.load(model_dir)
+        self.predictor = predictor_lib.Predictor(self.model, predict.BATCH)
+        limits = instances.Limits(len(images), 10 ** 9)
+        self.read = [(f"image-{i}.jpg", instances.instance(f"image-{i}.jpg", {"b64": base64.b64encode(image).decode()},
+                                                           self.model.inputs, limits)) for i, image in enumerate(images)]
+        predict.answer(self.predictor, self.read[:predict.BATCH])  # the first call traces
 
     def measure(self, seconds: float) -> dict:
         """images/s, CPU seconds per image (this process) and what the rest of the machine did."""
         done, started = 0, time.monotonic()
         timer = rounds_lib.Timer().start()
         while time.monotonic() - started < seconds:
-            done += len(self.predict.classify(self.signature, self.paths, self.images))
+            done += len(self.predict.answer(self.predictor, self.read))
         return measured(timer.sample(done))
 
     def batch_rate(self, size: int, seconds: float) -> dict:
         """The model alone, called as the server calls it with `size` images at once (the
         signature on a batch of encoded images: decode, resize, ResNet50): images/s and CPU
         seconds per image in this process."""
-        import tensorflow as tf
+        import numpy as np
 
-        from cassava import signature as serving
-
-        batch = tf.constant((self.images * size)[:size])
-        self.signature(**{serving.BYTES_INPUT: batch})  # a new batch shape: its first call sets up
+        batch = (self.read * size)[:size]
+        columns = {name: np.stack([read[name] for _, read in batch]) for name in self.model.inputs}
+        self.model(columns)  # a new batch shape: its first call sets up
         done, started = 0, time.monotonic()
         timer = rounds_lib.Timer().start()
         while time.monotonic() - started < seconds:
-            self.signature(**{serving.BYTES_INPUT: batch})["class_index"].numpy()
+            self.model(columns)
             done += size
         return {"batch": size, **measured(timer.sample(done))}
 
@@ -132,23 +133,18 @@ def measured(sample: rounds_lib.Sample) -> dict:
             "load_average": os.getloadavg()[0]}
 
 
-def request_decoding(bodies: list[bytes], seconds: float) -> float:
+def request_decoding(bodies: list[bytes], inputs, seconds: float) -> float:
     """CPU seconds one request's body costs the server before the model: serving.instances.parse
-    (JSON, base64, the image header checks) as the server runs it, timed in this process."""
+    (JSON, base64, the image header checks) for the model's `inputs`, as the server runs it, timed
+    in this process."""
     from serving import instances
 
     limits = instances.Limits(max_instances=64, max_image_pixels=10 ** 9)
     done, started, cpu = 0, time.monotonic(), rounds_lib.own_cpu_seconds()
     while time.monotonic() - started < seconds:
-        instances.parse(bodies[done % len(bodies)], limits)
+        instances.parse(bodies[done % len(bodies)], inputs, limits)
         done += 1
     return (rounds_lib.own_cpu_seconds() - cpu) / done
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_server(model_dir: str, port: int, log_path: str, max_batch: int) -> subprocess.Popen:
@@ -253,7 +249,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="python benchmarks/serving_load.py", description=__doc__.split("\n")[0])
     parser.add_argument("--architecture", default="resnet50", help="cassava.task's --architecture")
     parser.add_argument("--image-size", type=int, default=300, help="cassava.task's --image-size (its default)")
     parser.add_argument("--images", type=int, default=64, help="distinct generated photos the clients cycle through")
@@ -307,7 +303,7 @@ def measure(args, argv, levels: list[int], sizes: list[int], scratch: str) -> in
     for b in batches:
         print(f"model alone, batch {b['batch']}: {b['images_per_s']:.2f} images/s, {1e3 * b['cpu_per_image']:.1f} CPU "
               f"ms/image", flush=True)
-    decoding = request_decoding(bodies, batch_seconds)
+    decoding = request_decoding(bodies, ceiling.model.inputs, batch_seconds)
     print(f"request decoding (JSON, base64, header checks): {1e3 * decoding:.2f} CPU ms/request", flush=True)
     port = free_port()
     server = start_server(model_dir, port, os.path.join(scratch, "server.log"), args.max_batch)

@@ -240,9 +240,9 @@ def images_per_epoch(args) -> int:
 def start_lab(args, data_dir: str, weights: str, preprocess: str, epochs: int) -> list[subprocess.Popen]:
     """The lab's job, one process per worker, the chief first (its output on a pipe);
     `preprocess`: "unit" ([0, 1], the codelab's) or "resnet50" (preprocess_input)."""
-    from trainer import launch
+    from trainer import launch, ports
 
-    cluster, tasks = launch.plan_cluster(args.workers, 0, False, launch.free_ports(args.workers))
+    cluster, tasks = launch.plan_cluster(args.workers, 0, False, ports.free_ports(args.workers, "localhost"))
     processes = []
     for task in tasks:
         env = dict(os.environ, PYTHONPATH=REPO)
@@ -808,7 +808,9 @@ def report(raw: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from trainer import cli
+
+    parser = cli.OneLineParser(prog="python benchmarks/time_to_accuracy.py", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="processes of each MultiWorkerMirrored job")
     parser.add_argument("--images", type=int, default=384, help="generated training images (a quarter as many validate)")
     parser.add_argument("--image-size", type=int, default=64)

@@ -39,7 +39,6 @@ file per machine kind (benchmarks/machine.py).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import os
@@ -47,7 +46,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer import precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
+from trainer import cli, precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
 import tensorflow as tf  # noqa: E402
 
 # benchmarks/ is first on the path when this runs as a script
@@ -264,7 +263,7 @@ def report(raw: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="python benchmarks/train_step.py", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
     parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
     parser.add_argument("--batch", type=int, default=16)

@@ -21,7 +21,6 @@ re-encoded as JPEG. Long runs print their progress every few seconds.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -29,6 +28,8 @@ import time
 from typing import Callable, Iterable, Iterator, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TensorFlow loads: no INFO banners
+
+from trainer import cli  # noqa: E402
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
@@ -114,7 +115,7 @@ def tfds_source(name: str, data_dir: str | None) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cassava.prepare", description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="python -m cassava.prepare", description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="tfds:NAME or folder:PATH")
     parser.add_argument("--output", required=True, help="directory for the TFRecords and dataset.json (gs:// allowed)")
     parser.add_argument("--shards", type=int, default=16, help="files per split")

@@ -14,10 +14,10 @@ No credentials, no network. Without --dry-run it sends them (google-cloud-aiplat
 the prediction image, given the variables Vertex gives a deployed model's container, with the
 model read from a local Cloud Storage server at its gs:// URI, and its port published on
 127.0.0.1 only. With --request it sends that request body (`python -m serving.predict MODEL
-IMAGE... --vertex-request` writes one), prints the answer and stops; without, it serves until
-Ctrl-C. Everything it starts is removed when it ends.
+FILE... --vertex-request`, or `... --instances FILE.jsonl --vertex-request`, writes one), prints the
+answer and stops; without, it serves until Ctrl-C. Everything it starts is removed when it ends.
 
-Arguments after `--` go to the server (`python -m serving.server --help`: its limits).
+Arguments after `--` go to the server (`python -m serving.server --help`: --signature, its limits).
 An inconsistent request is one line on stderr and exit code 2.
 """
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"), help="(vertex) the project ID")
     parser.add_argument("--region", default="us-central1")
     parser.add_argument("--image-uri", required=True,
-                        help="the prediction image, e.g. REGION-docker.pkg.dev/PROJECT/REPO/cassava-trainer-serving:TAG")
+                        help="the prediction image, e.g. REGION-docker.pkg.dev/PROJECT/REPO/tf-predictor-cpu:TAG")
     parser.add_argument("--artifact-uri", required=True, help="the export: the training job's gs://.../model directory")
     parser.add_argument("--display-name", default="cassava-classifier", help="of the Model, endpoint and deployed model")
     parser.add_argument("--model-id", default=None, help="the Model's ID (default: the display name)")

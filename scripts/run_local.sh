@@ -12,14 +12,13 @@ model_dir=${MODEL_DIR:-output/model}
 if [ $# -eq 0 ]; then
   # Generated once here: both workers would otherwise generate the same files at once on the
   # same cores (each keeps the first copy finished), twice the time for one result.
-  # Through the images' stderr relay (trainer/relay.py), started before TensorFlow loads:
-  # TensorFlow's load-time lines are left out here too.
-  TF_CPP_MIN_LOG_LEVEL=1 .venv/bin/python -c 'from trainer import relay; relay.relay_stderr()
-from cassava import sources, synthetic; synthetic.ensure(sources.DEFAULT_CACHE_DIR, 384)'
+  # Through the images' stderr relay (trainer.run): TensorFlow's load-time lines are left out here too.
+  TF_CPP_MIN_LOG_LEVEL=1 .venv/bin/python -m trainer.run -- python -c 'from cassava import sources, synthetic
+synthetic.ensure(sources.DEFAULT_CACHE_DIR, 384)'
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-.venv/bin/python -m trainer.launch --workers 2 --timeout 1800 -- python -m cassava.task \
+.venv/bin/python -m trainer.launch --replicas 2 --timeout 1800 -- python -m cassava.task \
   --dataset synthetic:384 --epochs 6 --per-replica-batch-size 16 --image-size 64 --weights none \
   --model-dir "$model_dir" "$@" | tee "$log"
 # The save prints after training ends; repeat the verdict last, where a reader looks.

@@ -43,6 +43,7 @@ if not __package__:  # run as a file (python scripts/submit_job.py): the repo ro
 
 from scripts import jobspec  # noqa: E402
 from scripts.rehearsal import jobset as rehearsal_jobset, session, storage, vertex as rehearsal_vertex  # noqa: E402
+from trainer import cli  # noqa: E402
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -53,8 +54,8 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/submit_job.py", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = cli.OneLineParser(prog="scripts/submit_job.py", description=__doc__.split("\n")[0],
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "jobset", "tfjob"),
                         help="jobset: a Kubernetes JobSet (new clusters); tfjob: a Kubeflow TFJob, for clusters that "
                         "still run training-operator 1.9 (maintained only on its release-1.9 branch); ai-platform: "
@@ -67,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "chief's machine, GPUs and image (arguments after -- go to the self-check)")
     parser.add_argument("--name", default="cassava-multiworker", help="display name / JobSet or TFJob name")
     parser.add_argument("--strategy", choices=("mwms", "pss"), default="mwms")
-    parser.add_argument("--workers", type=int, default=1, help="replicas besides the chief")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="the workers besides the chief (worker pool 1; TF_CONFIG's worker list), in both strategies: "
+                        "`python -m trainer.launch --replicas N+1` runs the same MultiWorkerMirrored job locally")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (pss)")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator")
     parser.add_argument("--image-uri", required=True, help="CPU image, e.g. REGION-docker.pkg.dev/PROJECT/REPO/cassava-trainer-cpu:TAG (or tf-runtime-cpu)")
@@ -239,8 +242,8 @@ def submit(target: str, spec: dict, project: str | None, region: str) -> None:
 
 
 def build_local_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/submit_job.py local", description=session.__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = cli.OneLineParser(prog="scripts/submit_job.py local", description=session.__doc__.split("\n")[0],
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--spec", help="a CustomJob or HyperparameterTuningJob JSON (what --dry-run prints, or your own)")
     parser.add_argument("--jobset", metavar="FILE",
                         help="run this JobSet's pods instead (YAML, '-' for stdin; or give `jobset` and its options): "

@@ -1,15 +1,20 @@
-"""What a Vertex AI prediction request holds, read without TensorFlow: the images it carries, or
-one line saying what is wrong with it.
+"""What a prediction request holds, read without TensorFlow against the model's own inputs: one array
+per input for each instance, or one line saying what is wrong with the request.
 
-A request body is `{"instances": [{"image_bytes": {"b64": "..."}}, ...]}` (Vertex AI's custom
-container contract; the `_bytes` suffix is the convention its prebuilt TensorFlow containers
-decode base64 for, kept so that one client serves both routes). Other top-level keys, such as
-Vertex's `parameters`, are allowed and ignored.
+A request body is TensorFlow Serving's row format, which Vertex AI's prebuilt TensorFlow containers
+take and its custom-container contract passes on (https://www.tensorflow.org/tfx/serving/api_rest):
+`{"instances": [INSTANCE, ...]}`, each INSTANCE an object with one value per input of the signature,
+or, for a signature with one input, that input's value alone. So an image classifier whose one
+input is `image_bytes` takes `{"instances": [{"image_bytes": {"b64": "..."}}]}`, and a table's
+`{"instances": [{"distance_km": 3.2, "passengers": 1, "payment_type": "card", ...}]}`. A value
+has the input's shape without its batch dimension: a number or string for a 1-D input, nested
+lists for more. Binary strings come as `{"b64": "..."}` (base64), any other string as JSON text.
+Other top-level keys, such as Vertex's `parameters`, are ignored, except a `signature_name` that
+names another signature than the one served.
 
-Before any image reaches the model's decoder, its header says what it would cost to decode:
-`pixels` reads the width and height (and a GIF's frame count) from the first bytes of a JPEG, PNG,
-GIF or BMP. A 100 KB PNG can declare 30,000 x 30,000 pixels, 2.7 GB once decoded: the server
-refuses such an image by its header, and decodes nothing.
+Before a binary value that starts as an image does (serving.images.kind) reaches the model, its
+header says what it would cost to decode: an image that is not whole, or that declares more
+pixels than --max-image-pixels, is refused by its header, and nothing decodes it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,17 @@ import base64
 import binascii
 import dataclasses
 import json
-import struct
+from typing import Mapping
 
-INPUT = "image_bytes"  # the serving_default signature's input (cassava.signature.BYTES_INPUT)
-SHAPE = '{"instances": [{"image_bytes": {"b64": "..."}}]}'
+import numpy as np
+
+from serving import images
+from serving.model import NUMPY_TYPES, Tensor
+
+# A 12 MP phone photo is well inside; a 40 MP image decodes to 120 MB of pixels.
+DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+# A float read into an integer input must be exact: float64 holds every integer up to 2**53.
+_EXACT_FLOAT_INTEGERS = 2 ** 53
 
 
 class BadRequest(ValueError):
@@ -34,8 +46,11 @@ class BadRequest(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    max_instances: int  # images per request
+    max_instances: int  # instances per request
     max_image_pixels: int  # width x height (x frames) of one image, from its header
+
+
+Instance = dict[str, np.ndarray]
 
 
 def _kind(value) -> str:
@@ -43,8 +58,23 @@ def _kind(value) -> str:
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def parse(body: bytes, limits: Limits) -> list[bytes]:
-    """The encoded images of a request body, in order; raises BadRequest naming the first problem."""
+def example(inputs: Mapping[str, Tensor]) -> str:
+    """One request body of the shape `inputs` take, for error messages: `{"instances": [...]}`."""
+
+    def value(name: str, spec: Tensor) -> str:
+        if spec.shape:
+            return "[...]"
+        if spec.dtype == "string":
+            return '{"b64": "..."}' if name.endswith("_bytes") else '"..."'
+        return {"b": "false", "f": "0.0"}.get(np.dtype(NUMPY_TYPES[spec.dtype]).kind, "0")
+
+    fields = ", ".join(f'"{name}": {value(name, spec)}' for name, spec in inputs.items())
+    return '{"instances": [{' + fields + '}]}'
+
+
+def parse(body: bytes, inputs: Mapping[str, Tensor], limits: Limits, signature: str | None = None) -> list[Instance]:
+    """The instances of a request body, in order, each one array per input; raises BadRequest
+    naming the first problem. `signature`: the one served, which a `signature_name` must name."""
     try:
         request = json.loads(body)
     except UnicodeDecodeError:
@@ -54,121 +84,125 @@ def parse(body: bytes, limits: Limits) -> list[bytes]:
     except RecursionError:
         raise BadRequest("request body is not JSON this server reads: it is nested too deeply") from None
     if not isinstance(request, dict):
-        raise BadRequest(f"request body is {_kind(request)}; expected {SHAPE}")
+        raise BadRequest(f"request body is {_kind(request)}; expected {example(inputs)}")
     if "instances" not in request:
-        raise BadRequest(f"request has no \"instances\"; expected {SHAPE}")
-    instances = request["instances"]
-    if not isinstance(instances, list):
-        raise BadRequest(f"\"instances\" is {_kind(instances)}; expected a list of {{\"image_bytes\": {{\"b64\": ...}}}}")
-    if not instances:
-        raise BadRequest("\"instances\" is empty: send at least one image")
-    if len(instances) > limits.max_instances:
-        raise BadRequest(f"\"instances\" holds {len(instances)} images; this server takes at most "
+        raise BadRequest(f"request has no \"instances\"; expected {example(inputs)}")
+    named = request.get("signature_name")
+    if signature is not None and named is not None and named != signature:
+        raise BadRequest(f"\"signature_name\" is {json.dumps(named)}; this server serves {json.dumps(signature)} only")
+    listed = request["instances"]
+    if not isinstance(listed, list):
+        raise BadRequest(f"\"instances\" is {_kind(listed)}; expected {example(inputs)}")
+    if not listed:
+        raise BadRequest("\"instances\" is empty: send at least one instance")
+    if len(listed) > limits.max_instances:
+        raise BadRequest(f"\"instances\" holds {len(listed)} instances; this server takes at most "
                          f"{limits.max_instances} per request (--max-instances)")
-    return [_image(index, instance, limits) for index, instance in enumerate(instances)]
+    read = [instance(f"instances[{index}]", value, inputs, limits) for index, value in enumerate(listed)]
+    check_same_shapes(read)
+    return read
 
 
-def _image(index: int, instance, limits: Limits) -> bytes:
-    where = f"instances[{index}]"
-    encoded = instance.get(INPUT) if isinstance(instance, dict) else None
-    text = encoded.get("b64") if isinstance(encoded, dict) else None
+def instance(where: str, value: object, inputs: Mapping[str, Tensor], limits: Limits) -> Instance:
+    """One instance (`where` names it in errors): an object of one value per input, or the value
+    alone for a signature of one input."""
+    names = list(inputs)
+    if len(names) == 1 and not (isinstance(value, dict) and set(value) == set(names)):
+        return {names[0]: _value(where, value, inputs[names[0]], limits)}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where} is {_kind(value)}; expected an object with the model's inputs: {', '.join(names)}")
+    missing = [name for name in names if name not in value]
+    unknown = sorted(str(key) for key in value if key not in inputs)
+    if unknown:
+        raise BadRequest(f"{where}.{unknown[0]} is no input of the model; its inputs: {', '.join(names)}")
+    if missing:
+        raise BadRequest(f"{where} has no \"{missing[0]}\"; the model's inputs: {', '.join(names)}")
+    return {name: _value(f"{where}.{name}", value[name], spec, limits) for name, spec in inputs.items()}
+
+
+def check_same_shapes(instances: list[Instance]) -> None:
+    """The instances of one request go to the model together: where an input takes any size, they
+    must still agree (TensorFlow Serving's row format asks the same)."""
+    for index, read in enumerate(instances[1:], start=1):
+        for name, array in read.items():
+            if array.shape != instances[0][name].shape:
+                raise BadRequest(f"instances[{index}].{name} has shape {list(array.shape)}, instances[0].{name} "
+                                 f"{list(instances[0][name].shape)}: one request's instances must agree")
+
+
+def _value(where: str, value, spec: Tensor, limits: Limits) -> np.ndarray:
+    array = _strings(where, value, spec, limits) if spec.dtype == "string" else _numbers(where, value, spec)
+    if array.ndim != len(spec.shape) or any(want is not None and got != want for got, want in zip(array.shape, spec.shape)):
+        raise BadRequest(f"{where} has shape {list(array.shape)}; the model takes {spec.describe()}")
+    return array
+
+
+def _numbers(where: str, value, spec: Tensor) -> np.ndarray:
+    target = np.dtype(NUMPY_TYPES[spec.dtype])
+    wanted = f"{where} is not {spec.describe()}"
+    try:
+        array = np.asarray(value)
+    except ValueError:  # lists of different lengths
+        raise BadRequest(f"{wanted}: its lists differ in length") from None
+    found = array.dtype.kind
+    if target.kind == "b":
+        ok = found == "b"
+    elif target.kind in "iu":
+        ok = found in "iu" or (found == "f" and bool(np.all(np.abs(array) < _EXACT_FLOAT_INTEGERS))
+                               and bool(np.all(array == np.floor(array))))
+        if ok and array.size:
+            info = np.iinfo(target)
+            low, high = (int(array.min()), int(array.max()))
+            if low < info.min or high > info.max:
+                raise BadRequest(f"{wanted}: {low if low < info.min else high} is out of its range")
+    else:
+        ok = found in "iuf"
+    if not ok:
+        got = "text" if found in "US" else "true/false" if found == "b" else "a fraction" if found == "f" else "not numbers"
+        raise BadRequest(f"{wanted} (got {got})")
+    return array.astype(target)
+
+
+def _strings(where: str, value, spec: Tensor, limits: Limits) -> np.ndarray:
+    shape: list[int] = []
+    flat: list[bytes] = []
+
+    def walk(item, depth: int, at: str) -> None:
+        if depth == len(spec.shape):
+            flat.append(_string(at, item, limits))
+            return
+        if not isinstance(item, list):
+            raise BadRequest(f"{at} is {_kind(item)}; the model takes {spec.describe()}")
+        if len(shape) == depth:
+            shape.append(len(item))
+        elif shape[depth] != len(item):
+            raise BadRequest(f"{where} is not {spec.describe()}: its lists differ in length")
+        for index, element in enumerate(item):
+            walk(element, depth + 1, f"{at}[{index}]")
+
+    walk(value, 0, where)
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array.reshape(shape + [0] * (len(spec.shape) - len(shape)))
+
+
+def _string(where: str, value, limits: Limits) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    text = value.get("b64") if isinstance(value, dict) and len(value) == 1 else None
     if not isinstance(text, str):
-        raise BadRequest(f"{where} is not {{\"image_bytes\": {{\"b64\": \"...\"}}}} (got {_kind(instance)}"
-                         f"{' with keys ' + ', '.join(sorted(map(str, instance))) if isinstance(instance, dict) else ''})")
+        raise BadRequest(f"{where} is {_kind(value)}; expected a string or {{\"b64\": \"...\"}}"
+                         f"{' (got keys ' + ', '.join(sorted(map(str, value))) + ')' if isinstance(value, dict) else ''}")
     try:
         # Line breaks are allowed: `base64 FILE` wraps its output at 76 characters.
-        image = base64.b64decode("".join(text.split()), validate=True)
+        data = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
-        raise BadRequest(f"{where}.image_bytes.b64 is not base64") from None
-    size = pixels(image)
-    if size is None:
-        raise BadRequest(f"{where}: not a whole JPEG, PNG, GIF or BMP image")
-    if size > limits.max_image_pixels:
-        raise BadRequest(f"{where}: its header declares {size:,} pixels; this server decodes at most "
-                         f"{limits.max_image_pixels:,} per image (--max-image-pixels)")
-    return image
-
-
-def pixels(image: bytes) -> int | None:
-    """Width x height (x frames, for a GIF) declared by an image's header; None when the bytes are
-    not a JPEG, PNG, GIF or BMP whose header can be read, or the file is cut short."""
-    try:
-        if image[:3] == b"\xff\xd8\xff":
-            return _jpeg(image)
-        if image[:8] == b"\x89PNG\r\n\x1a\n":
-            return _png(image)
-        if image[:4] == b"GIF8":
-            return _gif(image)
-        if image[:2] == b"BM":
-            return _bmp(image)
-    except (IndexError, struct.error):
-        return None
-    return None
-
-
-# JPEG start-of-frame markers (every SOFn: C0-CF except DHT C4, JPG C8 and DAC CC).
-_SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-def _jpeg(image: bytes) -> int | None:
-    # A whole JPEG ends with its end-of-image marker, within its last KiB (some cameras append
-    # metadata): cassava.data.looks_decodable's rule, so a truncated upload is refused, not decoded grey.
-    if b"\xff\xd9" not in image[-1024:]:
-        return None
-    at = 2
-    while at + 4 <= len(image):
-        if image[at] != 0xFF:
-            return None
-        marker = image[at + 1]
-        if marker == 0xFF:  # fill byte
-            at += 1
-            continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
-            at += 2
-            continue
-        (length,) = struct.unpack(">H", image[at + 2:at + 4])
-        if marker in _SOF:
-            height, width = struct.unpack(">HH", image[at + 5:at + 9])
-            return width * height if width and height else None
-        if marker == 0xDA or length < 2:  # image data before any frame header
-            return None
-        at += 2 + length
-    return None
-
-
-def _png(image: bytes) -> int | None:
-    if image[12:16] != b"IHDR" or image[-8:] != b"IEND\xaeB`\x82":
-        return None
-    width, height = struct.unpack(">II", image[16:24])
-    return width * height if width and height else None
-
-
-def _gif(image: bytes) -> int | None:
-    """The canvas times its frames: a GIF decodes to one full canvas per frame."""
-    width, height, flags = struct.unpack("<HHB", image[6:11])
-    at = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)
-    frames = 0
-    while True:
-        block = image[at]
-        if block == 0x3B:  # trailer
-            return width * height * frames if width and height and frames else None
-        if block == 0x21:  # extension: label, then sub-blocks
-            at = _skip_sub_blocks(image, at + 2)
-        elif block == 0x2C:  # image descriptor, optional local colour table, LZW code size, data
-            local = image[at + 9]
-            at += 10 + (3 << ((local & 7) + 1) if local & 0x80 else 0)
-            at = _skip_sub_blocks(image, at + 1)
-            frames += 1
-        else:
-            return None
-
-
-def _skip_sub_blocks(image: bytes, at: int) -> int:
-    while image[at]:
-        at += 1 + image[at]
-    return at + 1
-
-
-def _bmp(image: bytes) -> int | None:
-    width, height = struct.unpack("<ii", image[18:26])
-    return abs(width * height) or None
+        raise BadRequest(f"{where}.b64 is not base64") from None
+    if images.kind(data):
+        size = images.pixels(data)
+        if size is None:
+            raise BadRequest(f"{where}: not a whole {images.kind(data).upper()} image")
+        if size > limits.max_image_pixels:
+            raise BadRequest(f"{where}: its header declares {size:,} pixels; this server decodes at most "
+                             f"{limits.max_image_pixels:,} per image (--max-image-pixels)")
+    return data

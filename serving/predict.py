@@ -1,139 +1,138 @@
-"""Classifies image files with an exported model, through the model's own serving signature.
+"""Answers instances from files with an exported model, as the prediction server would answer them.
 
-    python -m serving.predict MODEL_DIR IMAGE [IMAGE ...]
-    python -m serving.predict MODEL_DIR IMAGE [IMAGE ...] --vertex-request > request.json
+    python -m serving.predict MODEL_DIR FILE [FILE ...]
+    python -m serving.predict MODEL_DIR --instances INSTANCES.jsonl
+    python -m serving.predict MODEL_DIR ... --vertex-request > request.json
 
-Prints one line per image: its path, the class name and the probability of that class. The
-images are sent to the SavedModel's `serving_default` signature as encoded bytes, exactly as a
-Vertex AI endpoint or TF Serving receives them; the model decodes and resizes them itself with
-the function training validated on (cassava.signature). MODEL_DIR and the images may be gs://
-paths.
+With FILEs, each file's bytes are one instance: for a model whose signature takes one string input,
+such as an image classifier's `image_bytes` (encoded images, which the model decodes itself). With
+--instances, each line of a JSON Lines file is one instance as a request carries it, for any model:
+`{"distance_km": 3.2, "passengers": 1, "hour": 8, "payment_type": "card", "pickup_zone": "airport"}`
+for a table's columns. MODEL_DIR, the files and the instances file may be gs:// paths.
 
-With --vertex-request it prints instead the JSON body of a Vertex AI prediction request for
-the images (`{"instances": [{"image_bytes": {"b64": ...}}, ...]}`), for `curl` or
+It prints one line per instance: where it came from (the file, or the instances file and its line
+number), a tab, and the prediction as JSON, exactly what the server answers for it
+(serving/answers.py): it reads the instances (serving/instances.py) and calls the model
+(serving/predictor.py) through the server's own code. With --vertex-request it prints instead the
+JSON body of a Vertex AI prediction request for the instances, for `curl` or
 `gcloud ai endpoints predict --json-request`.
 
-A missing model, a missing file or an image that cannot be decoded is one line and exit 2.
+A missing model, a missing file, or an instance the model cannot take (a file that is not a whole
+image, a value of the wrong type, an image the model's decoder refuses) is one line naming it, and
+exit 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
-import os
 import sys
 from typing import Sequence
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TensorFlow loads: no INFO banners
+from serving import flags, instances, model as model_lib, predictor as predictor_lib, quiet_tensorflow
 
-import trainer  # noqa: E402,F401  (selects legacy Keras before TensorFlow loads)
-
-# Images per call of the signature: bounds memory for long file lists.
+# Instances per call of the signature: bounds memory for long file lists.
 BATCH = 32
+# Whatever the number of instances given, they go to the model BATCH at a time.
+_NO_LIMIT = 2 ** 62
 
 
 class PredictError(RuntimeError):
     """str() is one line."""
 
 
-def vertex_request(images: Sequence[bytes]) -> dict:
-    """The body of a Vertex AI online prediction request for the serving_default signature."""
-    from cassava import signature as serving
-
-    return {"instances": [{serving.BYTES_INPUT: {"b64": base64.b64encode(image).decode("ascii")}} for image in images]}
-
-
-def read_images(paths: Sequence[str]) -> list[bytes]:
-    import tensorflow as tf
-
-    contents = []
-    for path in paths:
-        try:
-            with tf.io.gfile.GFile(path, "rb") as handle:
-                contents.append(handle.read())
-        except (tf.errors.OpError, OSError) as error:
-            raise PredictError(f"{path}: cannot read it ({type(error).__name__})") from None
-    return contents
+def read_bytes(path: str) -> bytes:
+    tf = quiet_tensorflow.import_tensorflow()
+    try:
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            return handle.read()
+    except (tf.errors.OpError, OSError) as error:
+        raise PredictError(f"{path}: cannot read it ({type(error).__name__})") from None
 
 
-def check_model_dir(model_dir: str) -> None:
-    import tensorflow as tf
+def raw_instances(model: model_lib.Model, files: Sequence[str], instances_file: str | None) -> list[tuple[str, object]]:
+    """(where it came from, the instance as a request carries it) for each instance given: a
+    file's bytes as `{"b64": ...}`, the value alone (a request may send it so to a model of one
+    input), or a line of the instances file."""
+    if files:
+        names = list(model.inputs)
+        if len(names) != 1 or model.inputs[names[0]].dtype != "string" or model.inputs[names[0]].shape:
+            raise PredictError(f"signature {model.describe()} takes other inputs than one file's bytes: "
+                               "give its instances as JSON Lines with --instances FILE")
+        return [(path, {"b64": base64.b64encode(read_bytes(path)).decode("ascii")}) for path in files]
+    raw = []
+    for number, line in enumerate(read_bytes(instances_file).decode("utf-8", errors="replace").splitlines(), start=1):
+        if line.strip():
+            try:
+                raw.append((f"{instances_file}:{number}", json.loads(line)))
+            except (json.JSONDecodeError, RecursionError) as error:
+                raise PredictError(f"{instances_file}:{number}: not a JSON value ({error})") from None
+    if not raw:
+        raise PredictError(f"{instances_file}: no instances in it (one JSON value a line)")
+    return raw
 
-    if not tf.io.gfile.exists(f"{model_dir.rstrip('/')}/saved_model.pb"):
-        raise PredictError(f"{model_dir}: no saved_model.pb there (the --model-dir of a finished training job)")
 
-
-def load_signature(model_dir: str):
-    import tensorflow as tf
-
-    from cassava import signature as serving
-
-    check_model_dir(model_dir)
-    loaded = tf.saved_model.load(model_dir)
-    signature = loaded.signatures.get(serving.BYTES_SIGNATURE)
-    inputs = signature.structured_input_signature[1] if signature is not None else {}
-    if serving.BYTES_INPUT not in inputs:
-        raise PredictError(f"{model_dir}: its {serving.BYTES_SIGNATURE} signature takes no {serving.BYTES_INPUT} "
-                           f"(exported by an older trainer?)")
-    return signature
-
-
-def classify(signature, paths: Sequence[str], images: Sequence[bytes]) -> list[tuple[str, str, float]]:
-    """(path, class name, probability) for each image."""
-    import tensorflow as tf
-
-    from cassava import data, signature as serving
-
-    for path, image in zip(paths, images):
-        # A check of first and last bytes: a truncated upload or another kind of file is named
-        # here, before the model's decoder fails on the whole batch.
-        if not bool(data.looks_decodable(tf.constant(image))):
-            raise PredictError(f"{path}: not a whole JPEG, PNG, GIF or BMP image")
+def answer(predictor: predictor_lib.Predictor, read: Sequence[tuple[str, instances.Instance]]) -> list[tuple[str, object]]:
+    """(where it came from, its prediction) for each instance, BATCH at a time through `predictor`."""
+    chunks: list[list[tuple[str, instances.Instance]]] = []
+    for source, instance in read:
+        alike = chunks and len(chunks[-1]) < BATCH and all(
+            chunks[-1][0][1][name].shape == array.shape for name, array in instance.items())
+        if alike:
+            chunks[-1].append((source, instance))
+        else:
+            chunks.append([(source, instance)])
+    futures = [predictor.submit([instance for _, instance in chunk]) for chunk in chunks]
     results = []
-    for start in range(0, len(images), BATCH):
-        batch = list(images[start:start + BATCH])
+    for chunk, future in zip(chunks, futures):
         try:
-            outputs = signature(**{serving.BYTES_INPUT: tf.constant(batch)})
-        except tf.errors.InvalidArgumentError:
-            # One image spoils the batch; name it.
-            for path, image in zip(paths[start:start + BATCH], batch):
-                try:
-                    signature(**{serving.BYTES_INPUT: tf.constant([image])})
-                except tf.errors.InvalidArgumentError:
-                    raise PredictError(f"{path}: not a JPEG, PNG, GIF or BMP image the model can decode") from None
-            raise
-        names = outputs["class_name"].numpy()
-        indices = outputs["class_index"].numpy()
-        probabilities = outputs["probabilities"].numpy()
-        for offset, path in enumerate(paths[start:start + BATCH]):
-            results.append((path, names[offset].decode(), float(probabilities[offset, indices[offset]])))
+            results += zip([source for source, _ in chunk], future.result())
+        except predictor_lib.RefusedInstance as refused:
+            raise PredictError(f"{chunk[refused.index][0]}: the model refused it: {refused.reason}") from None
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.predict", description=__doc__.split("\n")[0])
-    parser.add_argument("model_dir", help="the exported SavedModel (the training job's --model-dir)")
-    parser.add_argument("images", nargs="+", help="image files (JPEG or PNG; gs:// allowed)")
+def build_parser() -> flags.OneLineParser:
+    """The command's flags; errors are one line (serving.flags)."""
+    parser = flags.OneLineParser(prog="python -m serving.predict", description=__doc__.split("\n")[0])
+    parser.add_argument("model_dir", help="the exported SavedModel (a training job's model directory; gs:// allowed)")
+    parser.add_argument("files", nargs="*", metavar="FILE",
+                        help="one instance each, its bytes the model's one string input (an image classifier's images)")
+    parser.add_argument("--instances", metavar="FILE", default=None,
+                        help="JSON Lines, one instance a line as a request carries it (any model)")
+    parser.add_argument("--signature", default=model_lib.DEFAULT_SIGNATURE, help="the SavedModel's signature to use")
     parser.add_argument("--vertex-request", action="store_true",
-                        help="print the JSON body of a Vertex AI prediction request for the images instead")
+                        help="print the JSON body of a Vertex AI prediction request for the instances instead")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m serving.predict`: prints the answers (or the request); returns the exit code."""
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if bool(args.files) == bool(args.instances):
+        parser.error("give either FILEs or --instances FILE")
     try:
-        images = read_images(args.images)
+        model = model_lib.load(args.model_dir, args.signature)
+        raw = raw_instances(model, args.files, args.instances)
+        limits = instances.Limits(_NO_LIMIT, instances.DEFAULT_MAX_IMAGE_PIXELS)
+        read = [(source, instances.instance(source, value, model.inputs, limits)) for source, value in raw]
         if args.vertex_request:
-            check_model_dir(args.model_dir)  # the request is for that model's serving_default
-            print(json.dumps(vertex_request(images)))
+            # By the input's name, as Vertex's prebuilt containers also take it.
+            named = [{next(iter(model.inputs)): value} for _, value in raw] if args.files else [value for _, value in raw]
+            print(json.dumps({"instances": named}))
             return 0
-        signature = load_signature(args.model_dir)
-        for path, name, probability in classify(signature, args.images, images):
-            print(f"{path}\t{name}\t{probability:.4f}")
-    except PredictError as error:
+        predictor = predictor_lib.Predictor(model, BATCH)
+        try:
+            for source, prediction in answer(predictor, read):
+                print(f"{source}\t{json.dumps(prediction)}")
+        finally:
+            predictor.close()
+    except (PredictError, model_lib.ModelError, instances.BadRequest) as error:
         print(f"serving.predict: error: {error}", file=sys.stderr)
         return 2
     return 0
 
 
 if __name__ == "__main__":
-    from trainer import relay
-
-    relay.run(main)
+    sys.exit(main())

@@ -1,18 +1,23 @@
-"""The prediction image's HTTP server: an exported model behind Vertex AI's custom-container contract.
+"""The prediction image's HTTP server: any exported SavedModel behind Vertex AI's custom-container contract.
 
-    python -m serving.server [--model-dir DIR] [--host H] [--port P] [limits]
+    python -m serving.server [--model-dir DIR] [--signature NAME] [--host H] [--port P] [limits]
 
 Vertex AI's "Custom container requirements for prediction"
 (https://cloud.google.com/vertex-ai/docs/predictions/custom-container-requirements) is what it meets:
 - it listens on AIP_HTTP_PORT (the Model's containerSpec.ports; 8080 by default), on 0.0.0.0 in
   the image (`--host`; the default here, 127.0.0.1, keeps a run outside a container to this machine);
-- AIP_HEALTH_ROUTE answers 200 once the model is loaded and has answered a warm-up image, 503
+- AIP_HEALTH_ROUTE answers 200 once the model is loaded and a warm-up call was made (serving.predictor.load), 503
   before: the port opens at once (Vertex's liveness probe is a TCP connect) while the model loads;
-- AIP_PREDICT_ROUTE takes `{"instances": [{"image_bytes": {"b64": ...}}, ...]}` and answers
-  `{"predictions": [{"class_name", "class_index", "probabilities"}, ...]}`, what the SavedModel's
-  serving_default returns (cassava/signature.py), as Vertex's prebuilt TensorFlow containers answer;
+- AIP_PREDICT_ROUTE takes TensorFlow Serving's row format, `{"instances": [...]}`, one value per
+  input of the signature the server serves (serving/instances.py), and answers
+  `{"predictions": [...]}`, what the signature returns for each instance (serving/answers.py), as
+  Vertex's prebuilt TensorFlow containers answer: an image classifier's
+  `{"instances": [{"image_bytes": {"b64": ...}}]}` gets `{"predictions": [{"class_name": ...,
+  "probabilities": [...]}]}`, a regression on a table's columns `{"predictions": [12.5]}`. What the
+  server knows of the model it reads from the SavedModel's signature (serving/model.py); the rest
+  is configuration: --signature, and the limits below;
 - the model comes from AIP_STORAGE_URI (Vertex's copy of the Model's artifactUri, a gs:// path),
-  read by TensorFlow's own Cloud Storage file system, as the trainer writes it: no other client;
+  read by TensorFlow's own Cloud Storage file system, as training writes it: no other client;
 - SIGTERM stops it cleanly: no new connections, the requests in progress answered (for up to
   GRACE_SECONDS), exit code 0.
 Flags override the variables, so one image runs anywhere.
@@ -20,16 +25,18 @@ Flags override the variables, so one image runs anywhere.
 A bad request is answered 400, 408 or 413 with `{"error": "<one line>"}` (serving/instances.py
 says what is checked), and the server goes on serving; no response carries a stack trace. What a
 client can make it hold is bounded: the body (--max-request-bytes, refused by its Content-Length
-before it is read), the images in one request (--max-instances), the pixels one image may decode
-to (--max-image-pixels, read from its header), the time a client may take to send a request head
+before it is read), the instances in one request (--max-instances), the pixels one image may decode
+to (--max-image-pixels, read from its header, serving/images.py), the time a client may take to send a request head
 or a body or to stay idle (--client-timeout), and the connections served at once
 (--max-connections; more are answered 503). Connections are served by one event loop, so a slow
 or idle client holds up no other. A connection the server ends while its client may still be
 sending is closed lingering (_LingeringClose), so that the client reads its answer, not a reset.
 
-Logging follows the trainer's: progress on stdout, problems on stderr (which Cloud Logging shows as
-ERROR), so a healthy start writes nothing to stderr. Bad requests are the client's problem and are
-not logged; --access-log logs every request on stdout.
+Logging: progress on stdout, problems on stderr (which Cloud Logging shows as ERROR), so a healthy
+start writes nothing to stderr (TensorFlow's load-time lines are left out: serving/quiet_tensorflow.py).
+Bad requests are the client's problem and are not logged; --access-log logs every request on stdout.
+
+It imports nothing of trainer/ or of any example: the prediction image carries serving/ alone.
 """
 
 from __future__ import annotations
@@ -45,9 +52,7 @@ import threading
 import time
 from typing import Mapping, Sequence
 
-from trainer import cli
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TensorFlow loads: no INFO banners
+from serving import flags, instances, model as model_lib
 
 DEFAULT_PORT = 8080  # Vertex's default containerSpec port
 DEFAULT_HEALTH_ROUTE = "/health"
@@ -55,17 +60,15 @@ DEFAULT_PREDICT_ROUTE = "/predict"
 # Vertex AI's dedicated endpoints forward bodies of up to 10 MB, its shared public endpoints 1.5 MB.
 DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_INSTANCES = 64
-# A 12 MP phone photo is well inside; a 40 MP image decodes to 120 MB of pixels.
-DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 DEFAULT_CLIENT_TIMEOUT = 30.0
 DEFAULT_MAX_CONNECTIONS = 64
 # After SIGTERM, how long requests in progress may take; Kubernetes, which Vertex's prediction
 # nodes run on, kills a container 30 s after its SIGTERM by default.
 GRACE_SECONDS = 20
-# Images answered through one call of the model: serving.predict's batch.
+# Instances answered through one call of the model: serving.predict's batch.
 DEFAULT_MAX_BATCH = 32
 
-log = logging.getLogger("trainer")
+log = logging.getLogger("serving")
 
 
 class ConfigError(ValueError):
@@ -75,6 +78,7 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Settings:
     model_dir: str
+    signature: str
     host: str
     port: int
     health_route: str
@@ -90,10 +94,12 @@ class Settings:
 
 def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     """The flags, each defaulting to the variable Vertex AI sets for it."""
-    parser = cli.OneLineParser(prog="python -m serving.server", description=__doc__.split("\n")[0],
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = flags.OneLineParser(prog="python -m serving.server", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-dir", default=environ.get("AIP_STORAGE_URI"),
                         help="the exported SavedModel, local or gs://; AIP_STORAGE_URI when it is set")
+    parser.add_argument("--signature", default=model_lib.DEFAULT_SIGNATURE,
+                        help="the SavedModel's signature to serve; its inputs and outputs are read from it")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (the image passes 0.0.0.0)")
     parser.add_argument("--port", default=environ.get("AIP_HTTP_PORT", str(DEFAULT_PORT)), help="AIP_HTTP_PORT when it is set")
     parser.add_argument("--health-route", default=environ.get("AIP_HEALTH_ROUTE", DEFAULT_HEALTH_ROUTE),
@@ -101,18 +107,18 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     parser.add_argument("--predict-route", default=environ.get("AIP_PREDICT_ROUTE", DEFAULT_PREDICT_ROUTE),
                         help="AIP_PREDICT_ROUTE when it is set")
     limits = parser.add_argument_group("limits on what one client can make the server hold")
-    limits.add_argument("--max-request-bytes", type=cli.positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
+    limits.add_argument("--max-request-bytes", type=flags.positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger bodies are answered 413 without being read")
-    limits.add_argument("--max-instances", type=cli.positive_int, default=DEFAULT_MAX_INSTANCES,
-                        help="images in one request")
-    limits.add_argument("--max-image-pixels", type=cli.positive_int, default=DEFAULT_MAX_IMAGE_PIXELS,
+    limits.add_argument("--max-instances", type=flags.positive_int, default=DEFAULT_MAX_INSTANCES,
+                        help="instances in one request")
+    limits.add_argument("--max-image-pixels", type=flags.positive_int, default=instances.DEFAULT_MAX_IMAGE_PIXELS,
                         help="width x height of one image, read from its header before it is decoded")
-    limits.add_argument("--client-timeout", type=cli.positive_float, default=DEFAULT_CLIENT_TIMEOUT, metavar="SECONDS",
+    limits.add_argument("--client-timeout", type=flags.positive_float, default=DEFAULT_CLIENT_TIMEOUT, metavar="SECONDS",
                         help="to send a request head, to send a body, or to keep an idle connection")
-    limits.add_argument("--max-connections", type=cli.positive_int, default=DEFAULT_MAX_CONNECTIONS,
+    limits.add_argument("--max-connections", type=flags.positive_int, default=DEFAULT_MAX_CONNECTIONS,
                         help="served at once; requests on more are answered 503")
-    parser.add_argument("--max-batch", type=cli.positive_int, default=DEFAULT_MAX_BATCH,
-                        help="images answered through one call of the model, from requests that arrive together")
+    parser.add_argument("--max-batch", type=flags.positive_int, default=DEFAULT_MAX_BATCH,
+                        help="instances answered through one call of the model, from requests that arrive together")
     parser.add_argument("--access-log", action="store_true", help="log every request on stdout")
     return parser
 
@@ -134,7 +140,7 @@ def settings_from(argv: Sequence[str] | None, environ: Mapping[str, str] = os.en
             raise ConfigError(f"the {name} route {route!r} must start with /")
     if args.health_route == args.predict_route:
         raise ConfigError(f"the health and predict routes are both {args.health_route!r}")
-    return Settings(args.model_dir, args.host, port, args.health_route, args.predict_route, args.max_request_bytes,
+    return Settings(args.model_dir, args.signature, args.host, port, args.health_route, args.predict_route, args.max_request_bytes,
                     args.max_instances, args.max_image_pixels, args.client_timeout, args.max_connections, args.max_batch,
                     args.access_log)
 
@@ -157,7 +163,7 @@ def build_app(settings: Settings, state: _State):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from serving import instances, predictor as predictor_lib
+    from serving import answers, predictor as predictor_lib
 
     limits = instances.Limits(settings.max_instances, settings.max_image_pixels)
 
@@ -193,22 +199,22 @@ def build_app(settings: Settings, state: _State):
                                        "(--client-timeout)", 408) from None
         return b"".join(chunks)
 
-    async def predictions_for(images: list[bytes]) -> list[dict]:
-        model = state.predictor
-        starts = range(0, len(images), model.max_batch)
-        futures = [model.submit(images[start:start + model.max_batch]) for start in starts]
-        answers = []
+    async def predictions_for(read: list[instances.Instance]) -> list:
+        predictor = state.predictor
+        starts = range(0, len(read), predictor.max_batch)
+        futures = [predictor.submit(read[start:start + predictor.max_batch]) for start in starts]
+        predictions = []
         try:
             for start, future in zip(starts, futures):
                 try:
-                    answers += await asyncio.wrap_future(future)
-                except predictor_lib.UndecodableImage as undecodable:
-                    raise instances.BadRequest(f"instances[{start + undecodable.index}]: not a JPEG, PNG, GIF or BMP "
-                                               "image the model can decode") from None
+                    predictions += await asyncio.wrap_future(future)
+                except predictor_lib.RefusedInstance as refused:
+                    raise instances.BadRequest(f"instances[{start + refused.index}]: the model refused it: "
+                                               f"{refused.reason}") from None
         finally:
             for future in futures:
                 future.cancel()  # a no-op for those answered; the rest are not worth computing
-        return answers
+        return predictions
 
     async def predict(request) -> Response:
         from starlette.concurrency import run_in_threadpool
@@ -218,8 +224,10 @@ def build_app(settings: Settings, state: _State):
         state.requests += 1
         try:
             body = await body_of(request)
-            images = await run_in_threadpool(instances.parse, body, limits)  # big bodies: off the event loop
-            return JSONResponse({"predictions": await predictions_for(images)})
+            model = state.predictor.model
+            # Big bodies: read off the event loop.
+            read = await run_in_threadpool(instances.parse, body, model.inputs, limits, model.name)
+            return Response(answers.body(await predictions_for(read)), media_type="application/json")
         except instances.BadRequest as bad:
             return error(bad.status, str(bad))
         except ClientDisconnect:
@@ -337,9 +345,17 @@ class _ClientCausedToInfo(logging.Filter):
 
 
 def configure_logging(access_log: bool) -> None:
-    from trainer import logs
-
-    logs.configure()
+    """`HH:MM:SS serving: ...` lines: INFO to stdout, WARNING and above to stderr, which Cloud
+    Logging shows as ERROR (GoogleCloudPlatform/vertex-ai-samples#242)."""
+    progress, problems = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    progress.addFilter(lambda record: record.levelno < logging.WARNING)
+    problems.setLevel(logging.WARNING)
+    formatter = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for handler in (progress, problems):
+        handler.setFormatter(formatter)
+    logging.basicConfig(level=logging.INFO, handlers=[progress, problems])
+    for noisy in ("tensorflow", "absl"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("uvicorn").setLevel(logging.WARNING)  # its start and stop lines: this module says its own
     logging.getLogger("uvicorn.error").addFilter(_ClientCausedToInfo())
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
@@ -349,7 +365,7 @@ def serve(settings: Settings) -> int:
     """Runs until SIGTERM or SIGINT (exit 0), or until the model cannot be loaded (exit 1)."""
     import uvicorn
 
-    from serving import predict, predictor as predictor_lib
+    from serving import predictor as predictor_lib
 
     state = _State()
     config = uvicorn.Config(
@@ -362,14 +378,16 @@ def serve(settings: Settings) -> int:
     def load() -> None:
         started = time.monotonic()
         try:
-            state.predictor, classes = predictor_lib.load(settings.model_dir, settings.max_batch)
-        except predict.PredictError as error:
+            state.predictor, warmed = predictor_lib.load(settings.model_dir, settings.signature, settings.max_batch)
+        except model_lib.ModelError as error:
             failure.append(str(error))
         except Exception as error:  # noqa: BLE001  (whatever stops the load ends the server, in one line)
             failure.append(f"{settings.model_dir}: cannot load the model ({type(error).__name__}: {error})".splitlines()[0])
         else:
-            log.info("model loaded from %s in %.1fs: %d classes; ready on %s", settings.model_dir,
-                     time.monotonic() - started, classes, settings.predict_route)
+            model = state.predictor.model
+            log.info("model loaded from %s in %.1fs: %s; ready on %s%s", settings.model_dir,
+                     time.monotonic() - started, model.describe(),
+                     settings.predict_route, "" if warmed else " (not warmed up: the first request makes the model's first call)")
             return
         server.should_exit = True
 
@@ -395,6 +413,7 @@ def serve(settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m serving.server`: serves until stopped; returns the exit code (serve says which)."""
     try:
         settings = settings_from(argv)
     except ConfigError as error:
@@ -405,6 +424,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer import relay
-
-    relay.run(main)
+    sys.exit(main())

@@ -28,6 +28,21 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_main(main, *args: str) -> subprocess.CompletedProcess:
+    """A command's `main(argv)` run in this process, as run_module would run the command: its exit
+    code and what it printed. For the unit tier, which starts no process."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as stop:  # argparse's --help and its errors
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def launch_until(args, pattern: str, action, env: dict | None = None, module: str = "trainer.launch") -> tuple[int, str]:
     """Runs `module` (trainer.launch) with `args`; when an output line matches `pattern`, calls
     action(output so far, the process). Returns the exit code and all output."""

@@ -1,14 +1,19 @@
 """Runs a whole multi-worker job on one machine, one process per task, each running COMMAND.
 
-    python -m trainer.launch --workers N [--ps M] [--evaluator] [--timeout S] -- COMMAND [ARGS]
+    python -m trainer.launch --replicas N [--evaluator] [--timeout S] -- COMMAND [ARGS]
+    python -m trainer.launch --workers N --ps M [--evaluator] [--timeout S] -- COMMAND [ARGS]
 
 COMMAND is any program that reads its cluster from TF_CONFIG: `python -m cassava.task FLAGS`,
 `python -m trainer.fit --task MODULE FLAGS`, `python my_script.py`. A leading `python` or
 `python3` runs this launcher's own interpreter, so the tasks see the same packages.
 
-Without --ps this is a MultiWorkerMirrored job of N training workers: chief-0 plus worker-0 ..
+With --replicas it is a MultiWorkerMirrored job of N training replicas: chief-0 plus worker-0 ..
 worker-(N-2). With --ps it is a ParameterServer job: chief-0 coordinates, N workers and M
-parameter servers serve. --evaluator adds the side-car evaluator-0.
+parameter servers serve. --evaluator adds the side-car evaluator-0. The counts are named for what
+they count: --workers is always the workers besides the chief, as submit_job.py's --workers, a
+JobSet's or TFJob's Worker replicas and Vertex AI's worker pool 1 count them; --replicas counts
+every process that trains, the chief included. (`--workers N` without --ps, which used to mean N
+replicas, still does, with a line saying to write --replicas N.)
 
 Each task gets its own TF_CONFIG, naming free localhost ports, and its own scratch directory
 (TMPDIR, the hypertune metrics file), as if it ran on a machine of its own. Every output line
@@ -43,7 +48,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +55,7 @@ import threading
 import time
 from typing import Sequence
 
-from trainer import cli, exits, relay, stopping
+from trainer import cli, exits, ports, relay, stopping
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -87,18 +91,6 @@ def tf_config(cluster: dict, task: TaskSpec) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": task.task_type, "index": task.index}})
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out; all are held open together so they are distinct."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("localhost", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 class Job:
     def __init__(self, cluster: dict, tasks: list[TaskSpec], command: list[str], work_dir: str, parameter_server: bool,
                  grace: float = DEFAULT_GRACE_SECONDS, all_logs: bool = False):
@@ -110,8 +102,12 @@ class Job:
         self.grace = grace
         self.all_logs = all_logs
         self.hidden_lines = 0
+        self.hidden_progress = 0
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
+        # Servers (PSS workers and ps) stopped because training was done: how such a job ends on
+        # every platform, so the report reads it as success, not as their SIGTERM's 143.
+        self.stopped_when_done: set[str] = set()
         self.print_lock = threading.Lock()
         self.readers: list[threading.Thread] = []
 
@@ -124,8 +120,6 @@ class Job:
         os.makedirs(os.path.join(scratch, "tmp"), exist_ok=True)
         env = dict(os.environ)
         env.pop("CLUSTER_SPEC", None)
-        # The launcher filters what it relays itself: a relay per task would only add a process.
-        env.pop(relay.RELAY_VARIABLE, None)
         env["TF_CONFIG"] = tf_config(self.cluster, task)
         env["TMPDIR"] = os.path.join(scratch, "tmp")
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
@@ -147,9 +141,18 @@ class Job:
         self.say(f"started {task.name} (pid {process.pid})")
 
     def _relay(self, name: str, process: subprocess.Popen) -> None:
+        lines = relay.Filter()
+        # Every MultiWorkerMirrored worker runs the same steps as the chief: its progress lines
+        # would repeat the chief's, once per worker.
+        repeats_the_chief = name.startswith("worker-") and not self.parameter_server
         for line in process.stdout:
-            if not self.all_logs and relay.is_harmless(line):
+            if self.all_logs:
+                pass
+            elif not lines.keep(line):
                 self.hidden_lines += 1
+                continue
+            elif repeats_the_chief and relay.is_progress(line):
+                self.hidden_progress += 1
                 continue
             with self.print_lock:
                 sys.stdout.write(f"[{name}] {line}" if line.endswith("\n") else f"[{name}] {line}\n")
@@ -176,8 +179,19 @@ class Job:
             if self.hidden_lines:
                 self.say(f"hid {self.hidden_lines} known-harmless TensorFlow lines (trainer/relay.py says why; "
                          f"--all-logs shows them)")
-            self.say("task exit codes: " + " ".join(f"{name}={exit_code(p.returncode)}" for name, p in self.processes.items()))
+            if self.hidden_progress:
+                self.say(f"hid {self.hidden_progress} progress lines of the workers, which repeat the chief's "
+                         f"(--all-logs shows them)")
+            self.say("task exit codes: " + " ".join(f"{name}={self.outcome(name)}" for name in self.processes))
         return code
+
+    def outcome(self, name: str) -> str:
+        """A task's exit code for the report; `stopped` for a server the launcher stopped once
+        training was done, when that stop is what ended it (SIGTERM's 143, or 0)."""
+        code = exit_code(self.processes[name].returncode)
+        if name in self.stopped_when_done and code in (exits.OK, exits.RETRYABLE):
+            return "stopped"
+        return str(code)
 
     def _supervise(self, deadline: float | None) -> int:
         # Tasks whose failure ends the job, and tasks that only serve until training is done.
@@ -218,6 +232,7 @@ class Job:
                 chief_done = True
                 if servers:
                     self.say("training finished: stopping the servers")
+                    self.stopped_when_done.update(servers)
                     self.stop(servers, grace=self.grace)
                 if evaluators:
                     self.say("waiting for the evaluator's last evaluation")
@@ -231,22 +246,17 @@ def exit_code(returncode: int | None) -> int | None:
     return None if returncode is None else exits.of_process(returncode)
 
 
-def task_command(words: Sequence[str]) -> list[str]:
-    """The command as given, a leading `python`/`python3` replaced by this interpreter."""
-    words = list(words)
-    if words and words[0] in ("python", "python3"):
-        words[0] = sys.executable
-    return words
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(
         prog="python -m trainer.launch",
         description="Run a multi-worker job locally: every task runs the command after --, with its own TF_CONFIG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--workers", type=cli.positive_int, required=True,
-                        help="training workers: with --ps, the workers besides the chief; without, chief included")
+    counts = parser.add_mutually_exclusive_group(required=True)
+    counts.add_argument("--replicas", type=cli.positive_int,
+                        help="a MultiWorkerMirrored job of this many training processes, the chief included")
+    counts.add_argument("--workers", type=cli.positive_int,
+                        help="with --ps: the workers besides the chief, as submit_job.py's --workers counts them")
     parser.add_argument("--ps", type=cli.non_negative_int, default=0, help="parameter servers")
     parser.add_argument("--evaluator", action="store_true", help="add a side-car evaluator task")
     parser.add_argument("--timeout", type=float, default=None, help="stop everything after this many seconds (exit 124)")
@@ -264,15 +274,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    command = task_command(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    command = relay.with_this_python(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         parser.error("no command: give it after --, e.g. -- python -m cassava.task --epochs 1")
-    cluster_size = 1 + (args.workers + args.ps if args.ps else args.workers - 1)
-    cluster, tasks = plan_cluster(args.workers, args.ps, args.evaluator, free_ports(cluster_size))
+    if args.ps and args.replicas:
+        parser.error(f"--replicas counts a MultiWorkerMirrored job; with --ps give --workers {args.replicas}, the workers "
+                     "besides the chief")
+    # plan_cluster's count: without --ps the replicas, chief included; with --ps the workers besides it.
+    count = args.workers if args.ps else args.replicas or args.workers
+    cluster_size = 1 + (count + args.ps if args.ps else count - 1)
+    cluster, tasks = plan_cluster(count, args.ps, args.evaluator, ports.free_ports(cluster_size, "localhost"))
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="trainer-launch-")
     os.makedirs(work_dir, exist_ok=True)
     job = Job(cluster, tasks, command, work_dir, parameter_server=bool(args.ps), grace=args.grace_period,
               all_logs=args.all_logs)
+    if args.workers and not args.ps:
+        job.say(f"--workers {args.workers} without --ps: {args.workers} training replicas, the chief included, as "
+                f"before; write --replicas {args.workers} (--workers counts the workers besides the chief, as "
+                "submit_job.py does)")
     job.say(f"cluster {json.dumps(cluster)}; scratch in {work_dir}")
 
     def on_signal(signum, _frame):

@@ -1,28 +1,27 @@
-"""The images' stderr relay: a parent process that copies a job's stderr without the known-harmless
-lines TensorFlow's C++ runtime prints, forwards the platform's signals, and exits as the job did.
+"""What the runtime's supervisors share: the known-harmless lines TensorFlow's C++ runtime prints,
+the signals a platform sends, and how a child dies with its parent.
 
-Those lines are written straight to file descriptor 2 while TensorFlow's libraries load, before
+trainer.run is the one stderr relay: it runs a job's command as a child process, reads its stderr,
+leaves out these lines and writes the rest at their Cloud Logging severity, forwards the platform's
+signals, and exits as the exit-code contract says (trainer/exits.py). trainer.launch, which reads
+every task's output itself, leaves out the same lines. Nothing forks inside the training process.
+
+The lines are written straight to file descriptor 2 while TensorFlow's libraries load, before
 TF_CPP_MIN_LOG_LEVEL applies (and absl, which writes some, reads no environment variable at all),
 so no filter inside the process can hide them. A filter inside would also have to hold stderr
 back, and a fatal error's last line (a C++ CHECK, an abort) could then be lost with the process.
 A parent that reads the pipe loses nothing: the kernel keeps what the child wrote until it is read.
-
-Every command of the images ends with `relay.run(main)`: in the images (TRAINER_RELAY_STDERR=1,
-set by the Dockerfiles) it forks first, before TensorFlow is imported; anywhere else it runs
-`main` as it is. trainer.launch, which reads every task's output itself, leaves the same lines out
-with `is_harmless`; trainer.run, which runs a user's own command, does too and dies with its
-parent in the same way (`die_with_parent`).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import signal
 import sys
-import threading
-from typing import Callable, Mapping, NoReturn
+from typing import Callable, NoReturn, Sequence
+
+from trainer import severity
 
 # C++ runtime lines, matched anywhere in a line, and why each is harmless.
 HARMLESS_LINES = {
@@ -41,13 +40,78 @@ _HARMLESS = re.compile("|".join(re.escape(text) for text in HARMLESS_LINES))
 
 
 def is_harmless(line: str) -> bool:
+    """Whether `line` is one of HARMLESS_LINES."""
     return _HARMLESS.search(line) is not None
 
 
-# The images set it (Dockerfile.cpu, Dockerfile.gpu): `python -m cassava.task` then runs under
-# relay_stderr. Anywhere else the process is left as it is started (trainer.launch filters what
-# it relays itself and clears the variable for its tasks).
-RELAY_VARIABLE = "TRAINER_RELAY_STDERR"
+# Messages of several lines, left out whole: text of the line that opens one, and why it is
+# harmless. Only that first line carries a severity, so each line after it would read as an error.
+HARMLESS_BLOCKS = {
+    "] SessionOptions: goo.gle/debugproto":
+        "TensorFlow's eager service logs at INFO the session options (a ConfigProto, about 20 lines) of "
+        "the remote context a coordinator creates on each worker and parameter server as a "
+        "ParameterServerStrategy job starts (eager_service_impl.cc); the job's own log says its cluster",
+}
+_BLOCK = re.compile("|".join(re.escape(text) for text in HARMLESS_BLOCKS))
+# A block ends at an empty line (TensorFlow ends the dump with one), at a line that opens a
+# message of its own, or after this many lines: whichever comes first.
+MAX_BLOCK_LINES = 40
+
+
+class Filter:
+    """Which lines of one stream to keep, in order: all but HARMLESS_LINES and HARMLESS_BLOCKS."""
+
+    def __init__(self):
+        self._block_lines = 0  # lines of the block being left out; 0 outside one
+
+    def keep(self, line: str) -> bool:
+        if self._block_lines:
+            if not line.strip():
+                self._block_lines = 0
+                return False  # the empty line that ends the dump
+            if not severity.opens_message(line) and self._block_lines < MAX_BLOCK_LINES:
+                self._block_lines += 1
+                return False
+            self._block_lines = 0
+        if _BLOCK.search(line):
+            self._block_lines = 1
+            return False
+        return not is_harmless(line)
+
+
+# TensorFlow errors a level-1 script meets for want of one setting, and the line a supervisor adds
+# after the command failed with one: TensorFlow's own message is long, and read as the job's
+# output it reads as a bug. Text matched anywhere in a line -> the runtime's line.
+KNOWN_FAILURES = {
+    # tf.distribute's auto-sharding (tensorflow/core/grappler/optimizers/data/auto_shard.cc):
+    # strategy.experimental_distribute_dataset, which Keras' fit calls, shards a dataset read from
+    # files by file under the default policy, AUTO, as under FILE, and fails at the first batch
+    # when there are fewer files than workers; the other workers then die of the lost peer.
+    "Could not apply FILE based sharding":
+        "the dataset has fewer files than the job has workers, so TensorFlow could not give each worker files of "
+        "its own: shard by record (options.experimental_distribute.auto_shard_policy = "
+        "tf.data.experimental.AutoShardPolicy.DATA, then dataset.with_options(options)), or write at least as "
+        "many files as workers",
+}
+_KNOWN_FAILURE = re.compile("|".join(re.escape(text) for text in KNOWN_FAILURES))
+
+
+def known_failure(line: str) -> str | None:
+    """The runtime's line for a KNOWN_FAILURES error `line` shows, else None."""
+    match = _KNOWN_FAILURE.search(line)
+    return KNOWN_FAILURES[match.group(0)] if match else None
+
+
+# Keras' progress lines (tf-keras and Keras 3, verbose 1 or 2): "Epoch 3/10", then "12/50 [===>...]
+# - ETA: ...", "12/50 ━━━━ ..." or "50/50 - 1s - ...", drawn with carriage returns and colours.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROGRESS = re.compile(r"(Epoch \d+/\d+\s*$|\d+/\d+ (\[|\u2501|- ))")
+
+
+def is_progress(line: str) -> bool:
+    """Whether `line` is one of Keras' progress lines."""
+    return _PROGRESS.match(_ANSI.sub("", line).lstrip("\r\b ")) is not None
+
 
 # What a platform sends a job's main process: Vertex AI and Kubernetes SIGTERM before a stop,
 # an engine's `kill -s`, a terminal's Ctrl-C. SIGKILL cannot be forwarded: the child dies with
@@ -59,66 +123,18 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
 DRAIN_SECONDS = 10.0
 
 
-def relay_stderr_if_asked(environ: Mapping[str, str]) -> None:
-    if environ.get(RELAY_VARIABLE, "") not in ("", "0"):
-        relay_stderr()
+# The words that name an interpreter by PATH. In a command given to the runtime they mean the
+# interpreter the runtime itself runs on: a virtualenv's python called by its path, with the
+# virtualenv not activated, would otherwise run the job on whatever `python` PATH finds first.
+PYTHON_WORDS = ("python", "python3")
 
 
-def relay_stderr() -> None:
-    """Forks. The child returns from here and runs the job with its stderr on a pipe. This process
-    copies that pipe to the real stderr without the known-harmless lines, forwards the signals a
-    platform sends to the child, and exits as the child did (the same code, or 128 + the signal
-    that killed it, as a container engine reports it). In the parent, never returns.
-
-    Call it first, before TensorFlow is imported and before any thread starts."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()  # or both processes would write what was buffered before the fork
-    read_end, write_end = os.pipe()
-    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)  # a signal now waits for its handler
-    parent = os.getpid()
-    child = os.fork()
-    if child == 0:
-        os.close(read_end)
-        os.dup2(write_end, 2)
-        os.close(write_end)
-        # Its own process group: a terminal's Ctrl-C reaches the child once, forwarded.
-        os.setpgid(0, 0)
-        die_with_parent(parent)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-        return
-    os.close(write_end)
-
-    def forward(signum, _frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-    copier = threading.Thread(target=copy_without_harmless, args=(read_end, 2), daemon=True)
-    copier.start()
-    _, status = os.waitpid(child, 0)
-    copier.join(timeout=DRAIN_SECONDS)
-    _exit_as(os.waitstatus_to_exitcode(status))
-
-
-def copy_without_harmless(read_fd: int, write_fd: int) -> None:
-    """Copies lines from `read_fd` to `write_fd` until end of file, leaving out the harmless ones.
-    A line is written whole as soon as it is complete; a last line without a newline at the end.
-    Keeps reading when the destination is gone, so the writer never blocks on a full pipe."""
-    writable = True
-    with io.open(read_fd, "rb") as source:
-        for line in source:
-            if not writable or is_harmless(line.decode("utf-8", errors="replace")):
-                continue
-            try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(write_fd, view):]
-            except OSError:
-                writable = False
+def with_this_python(command: Sequence[str]) -> list[str]:
+    """`command` with a leading `python` or `python3` replaced by this interpreter (sys.executable)."""
+    words = list(command)
+    if words and words[0] in PYTHON_WORDS and sys.executable:
+        words[0] = sys.executable
+    return words
 
 
 def die_with_parent(parent: int) -> None:
@@ -134,19 +150,8 @@ def die_with_parent(parent: int) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _exit_as(code: int) -> None:
-    if code < 0:
-        signum = -code
-        # The same signal again, so that whatever waits for this process sees it die of it. As
-        # PID 1 of a container the kernel ignores it: the exit code says the same thing.
-        signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-        os.kill(os.getpid(), signum)
-        code = 128 + signum
-    os._exit(code)
-
-
 def run(main: Callable[[], int]) -> NoReturn:
-    """A command's `__main__`: the relay first where the image asks for it, then `main`'s exit code."""
-    relay_stderr_if_asked(os.environ)
+    """Ends the process with `main`'s exit code. It used to fork the stderr relay first; trainer.run
+    is that relay now, so this only remains for the commands whose `__main__` still ends with it
+    (trainer.fit), and goes once none does."""
     sys.exit(main())

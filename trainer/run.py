@@ -3,7 +3,9 @@
     python -m trainer.run [--log-format auto|plain|json] -- COMMAND [ARGS...]
 
 e.g. `python -m trainer.run -- python task.py --epochs 3`, `... -- python -m mypackage.train`,
-`... -- bash -c 'python prepare.py && python task.py'`. Before COMMAND starts:
+`... -- bash -c 'python prepare.py && python task.py'`. A leading `python` or `python3` is the
+interpreter this runner runs on (sys.executable), not whatever PATH finds: a virtualenv's python
+called by its path runs COMMAND in the same virtualenv, activated or not. Before COMMAND starts:
 
 - TF_CONFIG is set from whatever describes the cluster here (trainer.cluster): Vertex AI's
   TF_CONFIG or CLUSTER_SPEC, with Reduction Server reducers left out of the cluster; AI Platform's
@@ -26,7 +28,20 @@ It exits as trainer/exits.py's contract says: COMMAND's own exit code; 128 + N w
 ended it (SIGTERM: 143, which the platforms retry); 143 when COMMAND failed in any way after a
 SIGTERM was forwarded to it (a script may catch it and exit 1: the cause is still the stop);
 127 when COMMAND is not found and 126 when it cannot be executed, as a shell says, with one line;
-2 with one line when the cluster description is unusable.
+2 with one line when the cluster description or the flags are unusable.
+
+When COMMAND fails with one of the errors trainer/relay.py lists in KNOWN_FAILURES (a dataset
+with fewer files than workers under tf.distribute's default sharding), one line of this runner's
+own follows TensorFlow's, saying what to change.
+
+When the environment names a model directory (AIP_MODEL_DIR: Vertex AI's, or your own) and
+COMMAND exits 0 on the task that saves (the chief, or a single process) having left it empty, one
+warning line says so: Vertex AI makes a Model from that directory only, and a script that saved
+elsewhere, or not at all, would otherwise pass without a word (the SageMaker training toolkit
+warns alike). It looks at a local directory, and at a gs:// one where Cloud Storage FUSE shows
+its bucket under /gcs/ (as on Vertex AI); elsewhere it cannot look and says nothing. The default
+this runner sets locally (output/model) is not checked: a command given `--model-dir` saves where
+that says.
 """
 
 from __future__ import annotations
@@ -41,14 +56,16 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
+from trainer import cli, exits, outputs, relay, severity
 from trainer import cluster as cluster_lib
-from trainer import exits, outputs, relay, severity
 
 AUTO = "auto"
 # Set in every Kubernetes pod (the API server's service): where a one-line JSON object is read as
 # a structured entry by GKE's logging agent.
 KUBERNETES_VARIABLE = "KUBERNETES_SERVICE_HOST"
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
+# Where Vertex AI's Cloud Storage FUSE shows gs://BUCKET/PATH: /gcs/BUCKET/PATH.
+FUSE_ROOT = "/gcs"
 
 
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -65,10 +82,35 @@ def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     env["AIP_MODEL_DIR"] = dirs.model_dir
     env["AIP_CHECKPOINT_DIR"] = dirs.checkpoint_dir
     env["AIP_TENSORBOARD_LOG_DIR"] = dirs.tensorboard_dir
-    # This runner already leaves out the harmless lines: a command that is itself one of the
-    # images' entry points (python -m cassava.task) need not fork a relay of its own.
-    env.pop(relay.RELAY_VARIABLE, None)
     return env
+
+
+def left_empty(model_dir: str, fuse_root: str = FUSE_ROOT) -> bool | None:
+    """Whether the model directory holds nothing (missing counts as empty); None where this
+    runner cannot look: a gs:// path whose bucket no Cloud Storage FUSE mount shows."""
+    path = model_dir
+    if model_dir.startswith("gs://"):
+        bucket = model_dir[len("gs://"):].split("/", 1)[0]
+        if not bucket or not os.path.isdir(os.path.join(fuse_root, bucket)):
+            return None
+        path = os.path.join(fuse_root, model_dir[len("gs://"):])
+    elif "://" in model_dir:
+        return None
+    try:
+        return not os.listdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return None
+
+
+def empty_model_warning(code: int, model_dir: str | None, fuse_root: str = FUSE_ROOT) -> str | None:
+    """The warning for an exit 0 that left `model_dir` empty, else None; `model_dir`: the one to
+    check (main says which), or None."""
+    if code != exits.OK or not model_dir or not left_empty(model_dir, fuse_root):
+        return None
+    return (f"trainer.run: warning: the command exited 0 and left the model directory empty (AIP_MODEL_DIR={model_dir}); "
+            "save the trained model there: Vertex AI makes a Model from that directory only")
 
 
 def log_format(requested: str, environ: Mapping[str, str]) -> str:
@@ -86,8 +128,9 @@ def exit_status(returncode: int, terminated: bool) -> int:
     return code
 
 
-def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str) -> int:
-    """Runs COMMAND to its end as the module docstring says; returns the exit code."""
+def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str, saved_to: str | None = None) -> int:
+    """Runs COMMAND to its end as the module docstring says; returns the exit code. `saved_to`:
+    the model directory an exit 0 must have left something in, else a warning says so."""
     child: subprocess.Popen | None = None
     pending: list[int] = []
     terminated = False
@@ -121,25 +164,36 @@ def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str) ->
         forward(signum, None)
 
     writer = severity.Writer(sys.stdout.fileno(), sys.stderr.fileno(), log_format_name)
-    reader = threading.Thread(target=_copy, args=(child.stderr, writer), daemon=True)
+    failures: list[str] = []  # what KNOWN_FAILURES says of the errors seen, in order
+    reader = threading.Thread(target=_copy, args=(child.stderr, writer, failures), daemon=True)
     reader.start()
     returncode = child.wait()
     # What COMMAND wrote before it exited is in the pipe: read at once. Only a process it left
     # behind, still holding the pipe, keeps the reader longer.
     reader.join(timeout=relay.DRAIN_SECONDS)
+    code = exit_status(returncode, terminated)
+    if code != exits.OK and failures:
+        writer.entry(severity.ERROR, f"trainer.run: the command failed: {failures[0]}")
+    warning = empty_model_warning(code, saved_to)
+    if warning:
+        writer.entry(severity.WARNING, warning)
     writer.close()
-    return exit_status(returncode, terminated)
+    return code
 
 
-def _copy(stream: io.BufferedReader, writer: severity.Writer) -> None:
+def _copy(stream: io.BufferedReader, writer: severity.Writer, failures: list[str]) -> None:
+    lines = relay.Filter()
     for raw in stream:  # the last line comes too, with or without its newline
         text = severity.decode(raw)
-        if not relay.is_harmless(text):
+        if lines.keep(text):
             writer.line(text)
+            failure = relay.known_failure(text)
+            if failure and failure not in failures:
+                failures.append(failure)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.OneLineParser(
         prog="python -m trainer.run",
         description="Run your own training command with TF_CONFIG, the AIP_* output directories, stderr at its "
                     "Cloud Logging severity, signals forwarded and the exit code mapped (trainer/exits.py).",
@@ -159,12 +213,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("trainer.run: error: no command: give it after --, e.g. python -m trainer.run -- python task.py",
               file=sys.stderr)
         return exits.CONFIG
+    environ = cluster_lib.environ_with_hostname(os.environ)
     try:
-        env = child_environment(cluster_lib.environ_with_hostname(os.environ))
+        env = child_environment(environ)
+        saves = cluster_lib.resolve(environ).is_chief
     except cluster_lib.ClusterConfigError as error:
         print(f"trainer.run: error: {error}", file=sys.stderr)
         return exits.CONFIG
-    return run(command, env, log_format(args.log_format, os.environ))
+    saved_to = env["AIP_MODEL_DIR"] if saves and environ.get("AIP_MODEL_DIR") else None
+    return run(relay.with_this_python(command), env, log_format(args.log_format, os.environ), saved_to)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ the `gpu` test tier (tests/gpu) runs it wherever a GPU is visible.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import logging
 import os
@@ -21,6 +20,7 @@ import sys
 import time
 
 import trainer  # noqa: F401  (selects legacy Keras before TensorFlow loads)
+from trainer import cli
 
 
 def driver_version() -> str:
@@ -177,9 +177,9 @@ def run(args) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.selfcheck", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed train steps per configuration")
-    parser.add_argument("--batch", type=int, default=None, help="images per step (default 32 on a GPU, 8 on a CPU)")
+    parser = cli.OneLineParser(prog="python -m trainer.selfcheck", description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=cli.positive_int, default=5, help="timed train steps per configuration")
+    parser.add_argument("--batch", type=cli.positive_int, default=None, help="images per step (default 32 on a GPU, 8 on a CPU)")
     parser.add_argument("--image-size", type=int, default=224, help="square input size in pixels")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -198,6 +198,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer import relay
-
-    relay.run(main)
+    sys.exit(main())

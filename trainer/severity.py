@@ -68,6 +68,13 @@ def classify(line: str, previous: str | None = None) -> str:
     return ERROR
 
 
+def opens_message(line: str) -> bool:
+    """Whether `line` begins a message of its own: a glog, TensorFlow or Python logging prefix, a
+    warning, or a traceback."""
+    return bool(_GLOG.match(line) or _TF_DATED.match(line) or _PYTHON_LOGGING.match(line) or _PYTHON_WARNING.match(line)
+                or line.startswith(TRACEBACK))
+
+
 def is_stdout_severity(severity: str) -> bool:
     return severity in (DEBUG, INFO)
 
@@ -107,6 +114,11 @@ class Writer:
                 self.held.append(text)
                 return
             self._write(severity, entry(severity, text) + "\n")
+
+    def entry(self, severity: str, message: str) -> None:
+        """One line of the runner's own, at `severity`, in this writer's format."""
+        with self.lock:
+            self._write(severity, (entry(severity, message) if self.log_format == JSON else message) + "\n")
 
     def close(self) -> None:
         """Writes what is held (a traceback cut short: the program died while printing it)."""

@@ -20,13 +20,13 @@ Ctrl-C or SIGTERM (session.py), and removes all it made.
 from __future__ import annotations
 
 import http.client
-import socket
 import time
 from pathlib import Path
 
 from scripts import modelspec
 from scripts.rehearsal import session as sessions
 from scripts.rehearsal.runner import PREFIX, Container, Outcome, RehearsalError, Run, drive
+from trainer.ports import free_port
 
 # Where Vertex keeps its copy of a Model's artifacts (AIP_STORAGE_URI): a bucket of its own.
 VERTEX_ARTIFACTS_BUCKET = "caip-tenant-local-artifacts"
@@ -35,11 +35,6 @@ READY_SECONDS = 600  # for the health route to answer 200: TensorFlow's import a
 STOP_GRACE_SECONDS = 30  # SIGTERM, then SIGKILL, as Kubernetes does by default
 MODEL = "model"  # the container's name in the log
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def get(port: int, path: str, timeout: float = 5) -> int:

@@ -19,7 +19,6 @@ fuse3) and mfusepy.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import stat
@@ -30,6 +29,8 @@ import urllib.parse
 import urllib.request
 
 import mfusepy
+
+from trainer import cli
 
 DIRECTORY = {"st_mode": stat.S_IFDIR | 0o777, "st_nlink": 2}
 
@@ -273,7 +274,7 @@ class Buckets(mfusepy.Operations):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="python -m scripts.rehearsal.gcs_fuse", description=__doc__.split("\n")[0])
     parser.add_argument("--api", required=True, help="the server's JSON API, http://127.0.0.1:PORT")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)

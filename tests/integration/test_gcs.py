@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import signal
@@ -117,7 +118,7 @@ def test_predict_reads_the_model_and_images_from_the_bucket(vertex_style_runs, g
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [row[0] for row in rows] == [str(local_image), "gs://cassava-jobs/images/leaf.jpg"]
-    assert rows[0][1:] == rows[1][1:] and rows[0][1] in synthetic.CLASS_NAMES
+    assert rows[0][1] == rows[1][1] and json.loads(rows[0][1])["class_name"] in synthetic.CLASS_NAMES
 
 
 def subprocess_copy(source, destination: str, env):

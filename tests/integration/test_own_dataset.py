@@ -54,10 +54,10 @@ def test_seven_class_folders_train_on_two_workers_and_predict_with_their_names(t
 
     predicted = run_module("serving.predict", str(model_dir), *held_out)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
-    rows = [line.split("\t") for line in predicted.stdout.splitlines()]
-    assert [row[0] for row in rows] == list(held_out)
-    assert {row[1] for row in rows} <= set(CLASSES)
+    rows = [(path, json.loads(prediction)) for path, prediction in (line.split("\t") for line in predicted.stdout.splitlines())]
+    assert [path for path, _ in rows] == list(held_out)
+    assert {p["class_name"] for _, p in rows} <= set(CLASSES)
     # Seven plain colours are easy: the model has learnt them, with their names attached.
-    correct = sum(row[1] == held_out[row[0]] for row in rows)
+    correct = sum(p["class_name"] == held_out[path] for path, p in rows)
     assert correct >= len(rows) // 2, rows
-    assert all(re.fullmatch(r"\d\.\d{4}", row[2]) for row in rows)
+    assert all(len(p["probabilities"]) == len(CLASSES) for _, p in rows)

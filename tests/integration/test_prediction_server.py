@@ -1,19 +1,26 @@
 """`python -m serving.server`, the prediction image's entry point, run as a process on this machine
 with Vertex AI's variables, and the model read from gs:// on the local Cloud Storage server.
 
-It must answer as serving.predict does on the same bytes; answer every bad request with one line
-and go on serving; stay healthy only once the model is loaded; and hold up against clients that
-are slow, idle, or send more than it takes. (tests/container/test_serving_image.py runs the same
-server in the prediction image, deployed by the rehearsal.)
+One server serves any export with a serving signature: cassava's image classifier (encoded images
+in, class names out) and fares' regression on a table's columns (one 1-D tensor per column in, a
+fare out), each exported by its own training code. It must answer as serving.predict does on the
+same instances; answer every bad request with one line and go on serving; stay healthy only once
+the model is loaded; and hold up against clients that are slow, idle, or send more than it takes.
+It runs from a directory holding serving/ alone, as the prediction image does.
+(tests/container/test_serving_image.py runs the same server in the prediction image, deployed by
+the rehearsal; tests/unit/test_predictor.py holds the batching.)
 """
 
 from __future__ import annotations
 
 import base64
+import csv
 import dataclasses
 import http.client
 import json
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +32,9 @@ import numpy as np
 import pytest
 
 from helpers import REPO, clean_env, run_module
+from trainer.ports import free_port
+
+FARES = REPO / "examples" / "fares"
 
 HEALTH = "/v1/endpoints/1234/deployedModels/5678"  # the routes Vertex AI sets by default
 PREDICT = HEALTH + ":predict"
@@ -66,10 +76,32 @@ def upload(gcs_server, local, bucket: str, prefix: str) -> str:
     return f"gs://{bucket}/{prefix}"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@pytest.fixture(scope="module")
+def fares_export(tmp_path_factory):
+    """fares' export, trained one short epoch by its own task on generated trips, and three of
+    its evaluation trips as a request carries them."""
+    root = tmp_path_factory.mktemp("fares")
+    env = clean_env(PYTHONPATH=f"{REPO}{os.pathsep}{FARES}")
+    made = subprocess.run([sys.executable, "-m", "fares.generate", "--out", str(root / "data"), "--files", "2", "--rows", "200",
+                           "--eval-rows", "20"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    trained = subprocess.run([sys.executable, "-m", "fares.task", "--train-files", str(root / "data" / "train-*.csv"),
+                              "--epochs", "1", "--per-replica-batch-size", "16", "--model-dir", str(root / "model")],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    with open(root / "data" / "eval-00000-of-00001.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))[:3]
+    trips = [{"distance_km": float(r["distance_km"]), "passengers": int(r["passengers"]), "hour": int(r["hour"]),
+              "payment_type": r["payment_type"], "pickup_zone": r["pickup_zone"]} for r in rows]
+    return root / "model", trips
+
+
+@pytest.fixture(scope="module")
+def serving_alone(tmp_path_factory):
+    """A directory holding serving/ and nothing else of the project, as the prediction image does."""
+    root = tmp_path_factory.mktemp("serving-alone")
+    shutil.copytree(REPO / "serving", root / "serving", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
 @dataclasses.dataclass
@@ -99,13 +131,14 @@ class Server:
         return self.process.returncode, out, err
 
 
-def start(model_uri: str, gcs_server, *flags: str) -> Server:
+def start(model_uri: str, gcs_server, *flags: str, root=REPO) -> Server:
+    """The server as the image starts it, from `root` (its only path), with Vertex's variables and
+    the proxy, CA and token of the local Cloud Storage."""
     port = free_port()
-    # The stderr relay as the image runs it; the proxy, CA and token of the local Cloud Storage.
-    env = clean_env(TRAINER_RELAY_STDERR="1", AIP_HTTP_PORT=str(port), AIP_HEALTH_ROUTE=HEALTH,
+    env = clean_env(PYTHONPATH=str(root), AIP_HTTP_PORT=str(port), AIP_HEALTH_ROUTE=HEALTH,
                     AIP_PREDICT_ROUTE=PREDICT, AIP_STORAGE_URI=model_uri, **gcs_server.environ())
-    process = subprocess.Popen([sys.executable, "-m", "serving.server", *flags], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "serving.server", *flags], cwd=root, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     return Server(process, port)
 
 
@@ -122,11 +155,7 @@ def wait_until(server: Server, status: int, deadline: float = 120) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def served(export, gcs_server):
-    server = start(upload(gcs_server, export, "served-models", "cassava/1"), gcs_server, *LIMITS)
-    wait_until(server, 200)
-    yield server
+def stopped_cleanly(server: Server) -> tuple[str, str]:
     code, out, err = server.stop()
     assert code == 0, err[-3000:]
     # The bad requests were the clients' problem: the server logged none of them as its own. (The
@@ -134,18 +163,61 @@ def served(export, gcs_server):
     # requests writes nothing there: the SIGTERM test below.)
     assert "Traceback" not in err and not re.search(r"^\d\d:\d\d:\d\d \S+: ", err, re.M), err[-3000:]
     assert "stopped on SIGTERM" in out
+    return out, err
 
 
-def expected_from_the_signature(export, images) -> dict:
-    import trainer  # noqa: F401
-    import tensorflow as tf
+@pytest.fixture(scope="module")
+def served(export, gcs_server, serving_alone):
+    server = start(upload(gcs_server, export, "served-models", "cassava/1"), gcs_server, *LIMITS, root=serving_alone)
+    wait_until(server, 200)
+    yield server
+    out, _ = stopped_cleanly(server)
+    assert re.search(r"serving: model loaded from gs://served-models/cassava/1 in \S+: serving_default\(image_bytes "
+                     r"string\) -> class_index int64, class_name string, probabilities float32\[5\]; ready on \S+$", out, re.M), out
 
-    outputs = tf.saved_model.load(str(export)).signatures["serving_default"](image_bytes=tf.constant(images))
-    return {"class_name": [n.decode() for n in outputs["class_name"].numpy()],
-            "probabilities": outputs["probabilities"].numpy()}
+
+@pytest.fixture(scope="module")
+def served_fares(fares_export, gcs_server, serving_alone):
+    model_dir, _ = fares_export
+    server = start(upload(gcs_server, model_dir, "served-fares", "fares/1"), gcs_server, *LIMITS, root=serving_alone)
+    wait_until(server, 200)
+    yield server
+    out, _ = stopped_cleanly(server)
+    assert re.search(r"serving: model loaded from gs://served-fares/fares/1 in \S+: serving_default\(distance_km "
+                     r"float32, hour int64, passengers int64, payment_type string, pickup_zone string\) -> fare float32; "
+                     r"ready on \S+ \(not warmed up: the first request makes the model's first call\)$", out, re.M), out
 
 
-def test_answers_a_vertex_request_from_trainer_predict_as_trainer_predict_does(served, export, tmp_path):
+_SIGNATURE_SCRIPT = """
+import json, sys
+import tensorflow as tf
+signature = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+columns = json.load(sys.stdin)
+dtypes = {name: spec.dtype for name, spec in signature.structured_input_signature[1].items()}
+outputs = signature(**{name: tf.constant([bytes.fromhex(v) if dtypes[name] == tf.string and name.endswith("_bytes") else v
+                                          for v in values], dtypes[name]) for name, values in columns.items()})
+print(json.dumps({name: [v.decode() if isinstance(v, bytes) else v for v in tensor.numpy().tolist()]
+                  for name, tensor in outputs.items()}))
+"""
+
+
+def expected_from_the_signature(model_dir, columns: dict) -> dict:
+    """What the export's serving_default answers for `columns` (one list per input; `_bytes`
+    inputs as hex), called with TensorFlow directly in a fresh process."""
+    result = subprocess.run([sys.executable, "-c", _SIGNATURE_SCRIPT, str(model_dir)], input=json.dumps(columns), cwd=REPO,
+                            env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def printed_predictions(result: subprocess.CompletedProcess) -> list[tuple[str, object]]:
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert all(len(row) == 2 for row in rows), result.stdout
+    return [(source, json.loads(prediction)) for source, prediction in rows]
+
+
+def test_answers_a_vertex_request_from_serving_predict_as_serving_predict_does(served, export, tmp_path):
     images = photos(5)
     paths = []
     for index, image in enumerate(images):
@@ -153,18 +225,56 @@ def test_answers_a_vertex_request_from_trainer_predict_as_trainer_predict_does(s
         paths[-1].write_bytes(image)
     made = run_module("serving.predict", str(export), *map(str, paths), "--vertex-request")
     assert made.returncode == 0, made.stderr[-2000:]
+    assert [base64.b64decode(i["image_bytes"]["b64"]) for i in json.loads(made.stdout)["instances"]] == images
     status, answer = served.predict(made.stdout.encode(), {"Content-Type": "application/json"})
     assert status == 200, answer
     predictions = answer["predictions"]
     assert [sorted(p) for p in predictions] == [["class_index", "class_name", "probabilities"]] * 5
-    printed = run_module("serving.predict", str(export), *map(str, paths))
-    assert printed.returncode == 0, printed.stderr[-2000:]
-    rows = [line.split("\t") for line in printed.stdout.splitlines()]
-    assert [p["class_name"] for p in predictions] == [row[1] for row in rows]
-    assert all(abs(max(p["probabilities"]) - float(row[2])) <= 6e-5 for p, row in zip(predictions, rows))
-    expected = expected_from_the_signature(export, images)
+    printed = printed_predictions(run_module("serving.predict", str(export), *map(str, paths)))
+    assert [source for source, _ in printed] == list(map(str, paths))
+    assert [p["class_name"] for p in predictions] == [p["class_name"] for _, p in printed]
+    np.testing.assert_allclose([p["probabilities"] for p in predictions], [p["probabilities"] for _, p in printed],
+                               atol=6e-5, rtol=0)
+    expected = expected_from_the_signature(export, {"image_bytes": [image.hex() for image in images]})
     np.testing.assert_allclose([p["probabilities"] for p in predictions], expected["probabilities"], atol=1e-5, rtol=0)
-    assert [p["class_index"] for p in predictions] == np.argmax(expected["probabilities"], axis=1).tolist()
+    assert [p["class_index"] for p in predictions] == expected["class_index"]
+    assert [p["class_name"] for p in predictions] == expected["class_name"]
+
+
+def test_the_same_server_answers_a_table_model_by_its_columns_as_serving_predict_does(served_fares, fares_export, tmp_path):
+    model_dir, trips = fares_export
+    status, answer = served_fares.predict(json.dumps({"instances": trips}).encode())
+    assert status == 200, answer
+    fares = answer["predictions"]  # one output: each prediction is the fare alone
+    assert len(fares) == 3 and all(isinstance(fare, float) for fare in fares), answer
+    expected = expected_from_the_signature(model_dir, {name: [trip[name] for trip in trips] for name in trips[0]})
+    np.testing.assert_allclose(fares, expected["fare"], rtol=1e-6)
+    lines = tmp_path / "trips.jsonl"
+    lines.write_text("".join(json.dumps(trip) + "\n" for trip in trips))
+    printed = printed_predictions(run_module("serving.predict", str(model_dir), "--instances", str(lines)))
+    assert printed == [(f"{lines}:{n}", fare) for n, fare in enumerate(fares, start=1)]
+    made = run_module("serving.predict", str(model_dir), "--instances", str(lines), "--vertex-request")
+    assert made.returncode == 0 and json.loads(made.stdout) == {"instances": trips}, made.stderr[-2000:]
+
+
+FARE_REQUESTS = [
+    ("a category its lookup does not know", {"payment_type": "bitcoin"}, "instances[1]: the model refused it: assertion failed: "),
+    ("a number as text", {"distance_km": "far"}, "instances[1].distance_km is not float32 (got text)"),
+    ("a fraction of a passenger", {"passengers": 1.5}, "instances[1].passengers is not int64 (got a fraction)"),
+    ("a missing column", {"hour": None}, 'instances[1] has no "hour"; the model\'s inputs: distance_km, hour, passengers, '),
+    ("a column it does not take", {"tip": 2.0}, "instances[1].tip is no input of the model; its inputs: "),
+]
+
+
+@pytest.mark.parametrize("name, change, message", FARE_REQUESTS, ids=[r[0] for r in FARE_REQUESTS])
+def test_a_bad_table_row_is_one_line_and_the_next_good_request_is_answered(served_fares, fares_export, name, change, message):
+    _, trips = fares_export
+    bad = {key: value for key, value in {**trips[1], **change}.items() if value is not None}
+    status, answer = served_fares.predict(json.dumps({"instances": [trips[0], bad]}).encode())
+    assert status == 400 and list(answer) == ["error"] and answer["error"].startswith(message), answer
+    assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    after, predictions = served_fares.predict(json.dumps({"instances": trips}).encode())
+    assert after == 200 and len(predictions["predictions"]) == 3, predictions
 
 
 def corrupt_jpeg() -> bytes:
@@ -193,15 +303,16 @@ def chunked(*parts: bytes) -> bytes:
 
 BAD_REQUESTS = [
     ("not JSON", b"image=leaf.jpg", {}, 400, "request body is not JSON: Expecting value"),
-    ("no instances", b'{"inputs": []}', {}, 400, 'request has no "instances"'),
-    ("an empty list", b'{"instances": []}', {}, 400, '"instances" is empty: send at least one image'),
+    ("no instances", b'{"inputs": []}', {}, 400, 'request has no "instances"; expected {"instances": [{"image_bytes": {"b64": "..."}}]}'),
+    ("an empty list", b'{"instances": []}', {}, 400, '"instances" is empty: send at least one instance'),
     ("not base64", b'{"instances": [{"image_bytes": {"b64": "%%%"}}]}', {}, 400, "instances[0].image_bytes.b64 is not base64"),
-    ("not an image", request_body([b"GIF87 but not a picture"]), {}, 400, "instances[0]: not a whole JPEG, PNG, GIF or BMP image"),
-    ("a truncated upload", None, {}, 400, "instances[1]: not a whole JPEG, PNG, GIF or BMP image"),
-    ("an image the decoder refuses", None, {}, 400, "instances[2]: not a JPEG, PNG, GIF or BMP image the model can decode"),
+    ("not an image", request_body([b"GIF87 but not a picture"]), {}, 400,
+     "instances[0]: the model refused it: Invalid GIF data"),
+    ("a truncated upload", None, {}, 400, "instances[1].image_bytes: not a whole JPEG image"),
+    ("an image the decoder refuses", None, {}, 400, "instances[2]: the model refused it: "),
     ("a decompression bomb", request_body([png_declaring(30000, 30000)]), {}, 400,
-     "instances[0]: its header declares 900,000,000 pixels; this server decodes at most 4,000,000 per image"),
-    ("too many instances", None, {}, 400, '"instances" holds 9 images; this server takes at most 8 per request'),
+     "instances[0].image_bytes: its header declares 900,000,000 pixels; this server decodes at most 4,000,000 per image"),
+    ("too many instances", None, {}, 400, '"instances" holds 9 instances; this server takes at most 8 per request'),
     ("a body over the limit", b"{" + b" " * 400000 + b"}", {}, 413, "request body is 400,002 bytes; this server reads at most 300,000"),
     ("a chunked body over the limit", chunked(*[b" " * 100000] * 4), {"Transfer-Encoding": "chunked"}, 413,
      "request body is over 300,000 bytes"),
@@ -297,13 +408,13 @@ def test_a_body_over_the_limit_is_refused_before_it_is_sent(served):
     assert served.predict(request_body(photos(1)))[0] == 200
 
 
-def test_health_answers_503_until_the_model_is_loaded_and_sigterm_drains_the_request_in_progress(export, gcs):
+def test_health_answers_503_until_the_model_is_loaded_and_sigterm_drains_the_request_in_progress(export, gcs, serving_alone):
     """The model's read from the bucket is held until the test has seen the server unready; then a
     request is begun, SIGTERM sent, and the request finished: it is answered, and the server exits 0."""
     uri = upload(gcs, export, "slow-models", "cassava/2")
     release = threading.Event()
     gcs.on_request(lambda method, path: release.wait(120), method="GET", path=r"saved_model\.pb")
-    server = start(uri, gcs, *LIMITS)
+    server = start(uri, gcs, *LIMITS, root=serving_alone)
     try:
         wait_until(server, 503)
         status, answer = server.predict(request_body(photos(1)))
@@ -328,111 +439,22 @@ def test_health_answers_503_until_the_model_is_loaded_and_sigterm_drains_the_req
         release.set()
         server.process.kill()
     assert server.process.returncode == 0, err[-3000:]
-    assert err == ""
+    assert err == ""  # TensorFlow's load-time lines too are left out (serving/quiet_tensorflow.py)
     assert "stopped on SIGTERM after 1 prediction requests" in out, out
 
 
-def test_a_model_uri_without_an_export_ends_the_server_with_one_line(gcs, tmp_path):
+def test_a_model_uri_without_an_export_ends_the_server_with_one_line(gcs, serving_alone):
     gcs.create_bucket("no-models")
-    server = start("gs://no-models/nothing/here", gcs)
+    server = start("gs://no-models/nothing/here", gcs, root=serving_alone)
     out, err = server.process.communicate(timeout=120)
     assert server.process.returncode == 1, out + err
     assert err.splitlines() == ["python -m serving.server: error: gs://no-models/nothing/here: no saved_model.pb there "
                                 "(the --model-dir of a finished training job)"], err
 
 
-class FakeSignature:
-    """A serving_default stand-in that records each call's batch, can hold the first call until
-    released, and refuses any batch holding b"bad" as the model's decoder would."""
-
-    def __init__(self, hold_first: bool):
-        self.batches: list[list[bytes]] = []
-        self.release = threading.Event()
-        if not hold_first:
-            self.release.set()
-
-    def __call__(self, image_bytes):
-        import tensorflow as tf
-
-        images = [bytes(image) for image in image_bytes.numpy()]
-        self.batches.append(images)
-        if len(self.batches) == 1:
-            self.release.wait(60)
-        if b"bad" in images:
-            raise tf.errors.InvalidArgumentError(None, None, "Invalid JPEG data")
-        probabilities = tf.one_hot([len(image) % 5 for image in images], 5)
-        return {"probabilities": probabilities, "class_index": tf.argmax(probabilities, axis=-1, output_type=tf.int64),
-                "class_name": tf.constant([f"class-{len(image) % 5}" for image in images])}
-
-
-def test_requests_that_arrive_together_share_one_call_of_the_model_and_a_bad_image_fails_only_its_request():
-    from serving import predictor as predictor_lib
-
-    signature = FakeSignature(hold_first=True)
-    predictor = predictor_lib.Predictor(signature, max_batch=4)
-    try:
-        first = predictor.submit([b"a"])
-        while not signature.batches:  # the model is busy with the first request
-            time.sleep(0.01)
-        waiting = [predictor.submit([b"bb"]), predictor.submit([b"ccc", b"bad"]), predictor.submit([b"dddd"]),
-                   predictor.submit([b"eeeee", b"ffffff"])]
-        signature.release.set()
-        assert [p["class_name"] for p in first.result(60)] == ["class-1"]
-        assert [p["class_name"] for p in waiting[0].result(60)] == ["class-2"]
-        with pytest.raises(predictor_lib.UndecodableImage) as raised:
-            waiting[1].result(60)
-        assert raised.value.index == 1
-        assert [p["class_name"] for p in waiting[2].result(60)] == ["class-4"]
-        assert [p["class_index"] for p in waiting[3].result(60)] == [0, 1]
-    finally:
-        predictor.close()
-    # The three requests that waited (four images) went in one call, which the bad image spoiled;
-    # it was answered again request by request, then image by image; the last request, which would
-    # not fit in that call, had a call of its own.
-    assert signature.batches[1] == [b"bb", b"ccc", b"bad", b"dddd"]
-    assert [b"eeeee", b"ffffff"] in signature.batches and [b"ccc"] in signature.batches and [b"bad"] in signature.batches
-    assert not predictor.alive()
-
-
-def test_a_batch_reaches_the_model_padded_to_one_of_a_few_shapes_and_answers_only_its_images():
-    from serving import predictor as predictor_lib
-
-    signature = FakeSignature(hold_first=False)
-    predictor = predictor_lib.Predictor(signature, max_batch=6)
-    try:
-        answers = [predictor.submit(images).result(60) for images in ([b"a", b"bb", b"ccc"], [b"a"] * 5, [b"a"] * 6)]
-    finally:
-        predictor.close()
-    assert [len(batch) for batch in signature.batches] == [4, 6, 6]  # powers of two, at most max_batch
-    assert signature.batches[0] == [b"a", b"bb", b"ccc", b"ccc"]
-    assert [len(answer) for answer in answers] == [3, 5, 6]
-    assert [p["class_name"] for p in answers[0]] == ["class-1", "class-2", "class-3"]
-
-
-def test_waiting_images_go_to_the_model_in_the_largest_power_of_two_they_fill_with_no_copies():
-    # Seven single-image requests wait while the model is busy: padded to 8 they would cost an
-    # eighth more compute; they go as 4, then 2, then 1, each image once.
-    from serving import predictor as predictor_lib
-
-    signature = FakeSignature(hold_first=True)
-    predictor = predictor_lib.Predictor(signature, max_batch=32)
-    try:
-        first = predictor.submit([b"a"])
-        while not signature.batches:
-            time.sleep(0.01)
-        waiting = [predictor.submit([b"x" * n]) for n in range(2, 9)]
-        signature.release.set()
-        answers = [future.result(60) for future in [first, *waiting]]
-    finally:
-        predictor.close()
-    assert [len(batch) for batch in signature.batches] == [1, 4, 2, 1]
-    assert sorted(image for batch in signature.batches for image in batch) == sorted([b"a"] + [b"x" * n for n in range(2, 9)])
-    assert [p["class_name"] for answer in answers for p in answer] == [f"class-{n % 5}" for n in range(1, 9)]
-
-
-@pytest.mark.parametrize("waiting, max_batch, expected", [(1, 32, 1), (7, 32, 4), (8, 32, 8), (31, 32, 16), (40, 32, 32),
-                                                          (5, 6, 4), (6, 6, 6), (9, 6, 6)])
-def test_a_call_takes_max_batch_or_the_largest_power_of_two_the_waiting_images_fill(waiting, max_batch, expected):
-    from serving import predictor as predictor_lib
-
-    assert predictor_lib.call_size(waiting, max_batch) == expected
+def test_a_signature_the_export_does_not_have_ends_the_server_with_one_line(export, gcs, serving_alone):
+    server = start(upload(gcs, export, "other-signatures", "cassava/3"), gcs, "--signature", "serving_pixel", root=serving_alone)
+    out, err = server.process.communicate(timeout=120)
+    assert server.process.returncode == 1, out + err
+    assert err.splitlines() == ["python -m serving.server: error: gs://other-signatures/cassava/3: no signature "
+                                "'serving_pixel' (it has: serving_default, serving_pixels); --signature chooses one"], err

@@ -193,8 +193,9 @@ def test_run_local_sh_generates_its_data_once_with_nothing_on_stderr(tmp_path):
     """The data generation scripts/run_local.sh runs before its workers start, run as it is written
     there (with HOME elsewhere, so the cache it fills is the test's)."""
     script = (REPO / "scripts" / "run_local.sh").read_text()
-    command = re.search(r"^  (TF_CPP_MIN_LOG_LEVEL=1 \.venv/bin/python -c '.*?')$", script, re.M | re.S).group(1)
-    assert "relay.relay_stderr()" in command and "synthetic.ensure(sources.DEFAULT_CACHE_DIR" in command
+    command = re.search(r"^  (TF_CPP_MIN_LOG_LEVEL=1 \.venv/bin/python -m trainer\.run -- python -c '.*?')$", script,
+                        re.M | re.S).group(1)
+    assert "synthetic.ensure(sources.DEFAULT_CACHE_DIR" in command
     result = subprocess.run(["bash", "-c", command], cwd=REPO, env=clean_env(HOME=str(tmp_path)),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]

@@ -1,20 +1,22 @@
 """A healthy job writes nothing to stderr, which Cloud Logging reads as ERROR; a job that stops
-still says why there. Run with the variables the images set (read from Dockerfile.cpu), so what
-passes here is what the image does; tests/container/test_stderr.py runs the image itself."""
+still says why there. Run as the images run it, `python -m trainer.run -- python -m cassava.task`
+(trainer.run, the one stderr relay, leaves out TensorFlow's known-harmless lines), with the
+variables the images set (read from Dockerfile.cpu), so what passes here is what the image does;
+tests/container/test_stderr.py runs the image itself, tests/integration/test_run_command.py the
+relay on small commands."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from helpers import REPO, assert_bad_data_stop_said, clean_env, run_module
+from trainer.ports import free_ports
 
 HEALTHY_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--image-size", "32", "--architecture", "small",
                "--weights", "none", "--per-replica-batch-size", "4"]
@@ -29,15 +31,13 @@ def image_environment() -> dict[str, str]:
     for line in text.splitlines():
         if line.startswith("ENV "):
             environment.update(item.split("=", 1) for item in shlex.split(line[4:]))
-    wanted = {key: environment.get(key) for key in ("TF_CPP_MIN_LOG_LEVEL", "TRAINER_RELAY_STDERR")}
+    wanted = {key: environment.get(key) for key in ("TF_CPP_MIN_LOG_LEVEL",)}
     assert None not in wanted.values(), wanted
     return wanted
 
 
-def free_ports(count: int) -> list[int]:
-    from trainer.launch import free_ports as ports
-
-    return ports(count)
+# The images' entry point, before the task's own command.
+RELAY = [sys.executable, "-m", "trainer.run", "--"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def two_process_job(tmp_path_factory, data_root):
     """A MultiWorkerMirrored job of two cassava.task processes started as a platform starts them,
     each with its own stdout and stderr."""
     tmp_path = tmp_path_factory.mktemp("quiet")
-    chief_port, worker_port = free_ports(2)
+    chief_port, worker_port = free_ports(2, "localhost")
     cluster = {"chief": [f"localhost:{chief_port}"], "worker": [f"localhost:{worker_port}"]}
     processes = {}
     for role in ("chief", "worker"):
@@ -54,7 +54,7 @@ def two_process_job(tmp_path_factory, data_root):
         env = clean_env(**image_environment(), TMPDIR=str(scratch),
                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": 0}}))
         processes[role] = subprocess.Popen(
-            [sys.executable, "-m", "cassava.task", *HEALTHY_RUN, "--data-dir", str(data_root),
+            [*RELAY, "python", "-m", "cassava.task", *HEALTHY_RUN, "--data-dir", str(data_root),
              "--model-dir", str(tmp_path / "model")],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -91,7 +91,7 @@ def test_the_export_saves_no_optimizer_and_loads_back_as_keras(two_process_job):
 def test_a_healthy_launcher_run_shows_no_runtime_line(tmp_path, data_root):
     """trainer.launch relays every task's stdout and stderr as one stream, without the known-
     harmless lines: a healthy job shows none of TensorFlow's C++ lines and no Keras warning."""
-    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m", "cassava.task",
+    result = run_module("trainer.launch", "--replicas", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m", "cassava.task",
                         *HEALTHY_RUN, "--data-dir", str(data_root), "--model-dir", str(tmp_path / "model"),
                         env=clean_env(**image_environment()))
     assert result.returncode == 0, result.stdout[-4000:]
@@ -104,7 +104,8 @@ def test_a_healthy_launcher_run_shows_no_runtime_line(tmp_path, data_root):
 
 
 def test_a_bad_flag_is_one_line_on_stderr_through_the_relay():
-    result = run_module("cassava.task", "--epochs", "many", env=clean_env(**image_environment()))
+    result = run_module("trainer.run", "--", "python", "-m", "cassava.task", "--epochs", "many",
+                        env=clean_env(**image_environment()))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "python -m cassava.task: error: argument --epochs: expected a whole number, got 'many' (--help lists the flags)"]
@@ -114,100 +115,8 @@ def test_a_bad_data_stop_is_its_line_on_stderr_through_the_relay(tmp_path):
     from integration.test_bad_data import SMALL_RUN, write_dataset
 
     dataset = write_dataset(tmp_path / "data", bad=4)
-    result = run_module("cassava.task", "--dataset", dataset, *SMALL_RUN, "--model-dir", str(tmp_path / "model"),
-                        "--max-bad-examples", "3", "--steps-per-epoch", "6", env=clean_env(**image_environment()))
+    result = run_module("trainer.run", "--", "python", "-m", "cassava.task", "--dataset", dataset, *SMALL_RUN,
+                        "--model-dir", str(tmp_path / "model"), "--max-bad-examples", "3", "--steps-per-epoch", "6",
+                        env=clean_env(**image_environment()))
     assert result.returncode == 2, result.stderr[-3000:]
     assert_bad_data_stop_said(result.stderr)
-
-
-# The relay itself, on a small child: what it keeps, what it drops, and how it ends.
-
-RELAYED = """
-import os, signal, sys, time
-from trainer import relay
-relay.relay_stderr()
-"""
-
-
-def relayed(body: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RELAYED + body], cwd=REPO, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
-
-
-def test_the_relay_drops_only_the_harmless_lines_and_keeps_a_last_line_without_newline():
-    process = relayed(r"""
-os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
-os.write(2, b"I0000 00:00:1.0 6 port.cc:153] oneDNN custom operations are on. You may see slightly different\n")
-os.write(2, b"W0000 00:00:1.0 6 op_kernel.cc:1780] OP_REQUIRES failed: something real\n")
-print("to stdout", flush=True)
-os.write(2, b"the end, unterminated")
-sys.exit(3)
-""")
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 3
-    assert stdout == b"to stdout\n"
-    assert stderr == b"W0000 00:00:1.0 6 op_kernel.cc:1780] OP_REQUIRES failed: something real\nthe end, unterminated"
-
-
-def test_a_fatal_line_written_just_before_an_abort_is_not_lost():
-    process = relayed(r"""
-os.write(2, b"F0000 00:00:1.0 6 dataset.cc:12] Check failed: something\n")
-os.abort()
-""")
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == -signal.SIGABRT  # the parent dies of the child's signal
-    assert stderr == b"F0000 00:00:1.0 6 dataset.cc:12] Check failed: something\n"
-
-
-def test_sigterm_to_the_relay_reaches_the_job_which_exits_its_own_way():
-    process = relayed(r"""
-def on_term(signum, frame):
-    print("job got SIGTERM", file=sys.stderr, flush=True)
-    sys.exit(143)
-signal.signal(signal.SIGTERM, on_term)
-print(os.getpid(), flush=True)
-while True:
-    time.sleep(0.1)
-""")
-    job = int(process.stdout.readline())
-    assert job != process.pid
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 143
-    assert stderr == b"job got SIGTERM\n"
-
-
-def test_the_job_dies_with_a_relay_killed_by_sigkill():
-    process = relayed(r"""
-print(os.getpid(), flush=True)
-while True:
-    time.sleep(0.1)
-""")
-    job = int(process.stdout.readline())
-    process.kill()
-    process.wait(timeout=120)
-    # A hang guard, not a measure: the kernel kills the job as its parent exits.
-    deadline = time.monotonic() + 120
-    while _alive(job) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(job)
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its (new) parent to reap it."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def test_only_the_variable_the_images_set_turns_the_relay_on():
-    # Elsewhere (and under trainer.launch) cassava.task runs as the one process it was started as.
-    script = "import os; from trainer import relay; relay.relay_stderr_if_asked(os.environ); print(os.getpid())"
-    for value, relays in (("1", True), ("0", False), ("", False)):
-        process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=clean_env(TRAINER_RELAY_STDERR=value),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stdout, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0, stderr
-        assert (int(stdout) != process.pid) == relays, value

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, clean_env, run_module
-from trainer import launch, stopping
+from trainer import ports, stopping
 
 SCRIPT = REPO / "tests" / "fixtures" / "autopackaging" / "task.py"
 REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
@@ -32,7 +32,7 @@ def test_vertex_cluster_spec_with_reducers_trains_the_plain_script_on_two_replic
     """Vertex gives a two-replica job CLUSTER_SPEC (workerpool0/1) and, in pool 2, Reduction Server
     reducers that run no TensorFlow: the runner makes a TF_CONFIG without them, or the strategy would
     wait for them forever."""
-    chief_port, worker_port, reducer_port = launch.free_ports(3)
+    chief_port, worker_port, reducer_port = ports.free_ports(3, "localhost")
     job = {"workerPoolSpecs": [{}, {}, {"containerSpec": {"imageUri": REDUCER_IMAGE}}]}
     cluster = {"workerpool0": [f"localhost:{chief_port}"], "workerpool1": [f"localhost:{worker_port}"],
                "workerpool2": [f"localhost:{reducer_port}"]}
@@ -55,13 +55,78 @@ def test_vertex_cluster_spec_with_reducers_trains_the_plain_script_on_two_replic
 def test_trainer_launch_runs_the_plain_script_through_the_runner_on_every_task(tmp_path):
     """`trainer.launch -- COMMAND`: each task's TF_CONFIG from the launcher, the runner inside."""
     model_dir = tmp_path / "model"
-    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
+    result = run_module("trainer.launch", "--replicas", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500",
                         "--", sys.executable, "-m", "trainer.run", "--", sys.executable, str(SCRIPT),
                         env=clean_env(**IMAGE_ENV, AIP_MODEL_DIR=str(model_dir)), timeout=560)
     assert result.returncode == 0, result.stdout[-4000:]
     for task in ("chief-0", "worker-0"):
         assert f"[{task}] num_replicas_in_sync 2" in result.stdout.splitlines(), result.stdout[-4000:]
     assert (model_dir / "saved_model.pb").exists()
+
+
+ONE_FILE_SCRIPT = """
+import sys
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+path = sys.argv[1] + "/only-00000.tfrecord"
+with tf.io.TFRecordWriter(path) as writer:
+    for index in range(64):
+        writer.write(str(index).encode())
+dataset = tf.data.Dataset.list_files(path, shuffle=False).interleave(tf.data.TFRecordDataset).batch(8)
+if sys.argv[2] == "DATA":
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(options)
+print("batches", sum(1 for _ in strategy.experimental_distribute_dataset(dataset)), flush=True)
+"""
+
+
+def test_a_dataset_of_fewer_files_than_workers_fails_with_one_line_of_the_runtimes_saying_what_to_change(tmp_path):
+    """tf.distribute's default sharding (AUTO) shards files by file and fails at the first batch with
+    fewer files than workers (Keras' fit goes the same way); the setting the runtime's line names
+    makes the same job run."""
+    script = tmp_path / "one_file.py"
+    script.write_text(ONE_FILE_SCRIPT)
+    outputs = {}
+    for policy in ("AUTO", "DATA"):
+        (tmp_path / policy).mkdir()
+        outputs[policy] = run_module("trainer.launch", "--replicas", "2", "--work-dir", str(tmp_path / "work"), "--timeout",
+                                     "300", "--", "python", "-m", "trainer.run", "--", "python", str(script),
+                                     str(tmp_path / policy), policy, env=clean_env(TF_CPP_MIN_LOG_LEVEL="1"), timeout=400)
+    failed, ran = outputs["AUTO"], outputs["DATA"]
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert "Could not apply FILE based sharding" in failed.stdout
+    said = [line for line in failed.stdout.splitlines() if "trainer.run: the command failed:" in line]
+    assert said == ["[chief-0] trainer.run: the command failed: the dataset has fewer files than the job has workers, so "
+                    "TensorFlow could not give each worker files of its own: shard by record "
+                    "(options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA, "
+                    "then dataset.with_options(options)), or write at least as many files as workers"], failed.stdout[-3000:]
+    assert ran.returncode == 0 and "[chief-0] batches 8" in ran.stdout.splitlines(), ran.stdout[-3000:]
+
+
+PROGRESS_SCRIPT = """
+import json, os
+task = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
+print("Epoch 1/1", flush=True)
+print("\\r1/4 [======>.......................] - ETA: 0s - loss: 1.3093\\b\\b\\r4/4 [==============================] - 0s", flush=True)
+print(f"{task} done", flush=True)
+"""
+
+
+def test_the_launcher_shows_the_chiefs_progress_lines_and_counts_the_workers(tmp_path):
+    """A MultiWorkerMirrored worker's Keras progress lines repeat the chief's: the launcher leaves
+    them out, says how many, and keeps every other line of the worker's."""
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS_SCRIPT)
+    result = run_module("trainer.launch", "--replicas", "3", "--", "python", str(script), timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.splitlines()
+    assert "[chief-0] Epoch 1/1" in lines and not [line for line in lines if line.startswith("[worker-") and "Epoch" in line]
+    assert "[worker-0] worker done" in lines and "[worker-1] worker done" in lines
+    # Universal newlines split a bar at its carriage returns: Epoch and two bars a worker, 6 in all.
+    assert ("[launch] hid 6 progress lines of the workers, which repeat the chief's (--all-logs shows them)" in lines), lines
+    shown = run_module("trainer.launch", "--replicas", "2", "--all-logs", "--", "python", str(script), timeout=120)
+    assert "[worker-0] Epoch 1/1" in shown.stdout.splitlines()
 
 
 def test_a_jobset_pod_gets_a_tf_config_and_the_output_directories():
@@ -137,6 +202,42 @@ def test_a_crash_arrives_whole_on_stderr_with_the_commands_exit_code():
     assert err == direct.stderr  # line for line what the script printed, in order
     lines = err.splitlines()
     assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "ZeroDivisionError: division by zero", err
+
+
+def test_a_fatal_line_written_just_before_an_abort_is_not_lost():
+    process = runner("python", "-c", "import os; os.write(2, b'F0000 00:00:1.0 6 dataset.cc:12] Check failed: x\\n'); os.abort()",
+                     env=clean_env())
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGABRT
+    assert err == "F0000 00:00:1.0 6 dataset.cc:12] Check failed: x\n"
+
+
+def test_an_exit_0_that_left_the_model_directory_empty_is_one_warning_from_the_saving_task_only(tmp_path):
+    model_dir = tmp_path / "model"
+    process = runner("python", "-c", "print('trained, saved nothing')", env=clean_env(AIP_MODEL_DIR=str(model_dir)))
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and out == "trained, saved nothing\n"
+    assert err == (f"trainer.run: warning: the command exited 0 and left the model directory empty "
+                   f"(AIP_MODEL_DIR={model_dir}); save the trained model there: Vertex AI makes a Model from that "
+                   "directory only\n")
+    saves = runner("python", "-c", "import os; open(os.environ['AIP_MODEL_DIR'] + '/saved_model.pb', 'w').close()",
+                   env=clean_env(AIP_MODEL_DIR=str(tmp_path)))
+    assert saves.communicate(timeout=60) == ("", "") and saves.returncode == 0
+    worker = {"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    not_saving = runner("true", env=clean_env(AIP_MODEL_DIR=str(model_dir), TF_CONFIG=json.dumps(worker)))
+    assert not_saving.communicate(timeout=60) == ("", "") and not_saving.returncode == 0
+
+
+def test_python_is_the_runners_own_interpreter_with_the_virtualenv_not_activated(tmp_path):
+    """The virtualenv's python called by its path, with a PATH that holds no python of the
+    virtualenv: `python` in the command is still that interpreter, with TensorFlow."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AIP_MODEL_DIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "1"}
+    (tmp_path / "saved_model.pb").write_bytes(b"")
+    result = subprocess.run([sys.executable, "-m", "trainer.run", "--", "python", "-c",
+                             "import sys, tensorflow; print(sys.executable)"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sys.executable in result.stdout.splitlines(), result.stdout
 
 
 def test_the_last_line_without_a_newline_and_a_signal_death_are_kept():

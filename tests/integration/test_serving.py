@@ -110,7 +110,7 @@ def test_the_pixel_signature_takes_uint8_images_and_answers_alike(trained, tmp_p
     assert spec.dtype == tf.uint8 and spec.shape.as_list() == [None, 48, 48, 3]
 
 
-def test_predict_prints_each_files_class_and_probability(trained, tmp_path):
+def test_predict_prints_each_files_prediction_as_the_signature_answers(trained, tmp_path):
     paths = []
     for index, encoded in enumerate(photos(3)):
         path = tmp_path / f"leaf-{index}.{'png' if index == 2 else 'jpg'}"
@@ -118,12 +118,15 @@ def test_predict_prints_each_files_class_and_probability(trained, tmp_path):
         paths.append(str(path))
     result = run_module("serving.predict", str(trained), *paths)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ""  # TensorFlow's load-time lines are left out (serving/quiet_tensorflow.py)
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [row[0] for row in rows] == paths
+    printed = [json.loads(row[1]) for row in rows]
     loaded = tf.saved_model.load(str(trained))
     served = loaded.signatures[serving.BYTES_SIGNATURE](image_bytes=tf.constant([open(p, "rb").read() for p in paths]))
-    for row, name, probabilities in zip(rows, served["class_name"].numpy(), served["probabilities"].numpy()):
-        assert row[1] == name.decode() and abs(float(row[2]) - probabilities.max()) < 1e-4
+    assert [p["class_name"] for p in printed] == [name.decode() for name in served["class_name"].numpy()]
+    assert [p["class_index"] for p in printed] == served["class_index"].numpy().tolist()
+    np.testing.assert_allclose([p["probabilities"] for p in printed], served["probabilities"].numpy(), atol=1e-6, rtol=0)
 
 
 def test_predict_vertex_request_carries_the_files_bytes(trained, tmp_path):
@@ -145,8 +148,18 @@ def test_predict_names_a_file_it_cannot_classify(trained, tmp_path):
     bad.write_bytes(photos(1)[0][:300])  # a truncated upload
     result = run_module("serving.predict", str(trained), str(good), str(bad))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == f"serving.predict: error: {bad}: not a whole JPEG, PNG, GIF or BMP image"
+    assert result.stderr.splitlines() == [f"serving.predict: error: {bad}: not a whole PNG image"]  # photos(1) is a PNG
+    text = tmp_path / "notes.jpg"
+    text.write_bytes(b"not an image at all")  # passes no header check: the model's decoder refuses it
+    refused = run_module("serving.predict", str(trained), str(good), str(text))
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1].startswith(f"serving.predict: error: {text}: the model refused it: Unknown image file format")
     missing = run_module("serving.predict", str(tmp_path / "no-model"), str(good))
-    assert missing.returncode == 2 and "no saved_model.pb there" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr.splitlines() == [
+        f"serving.predict: error: {tmp_path / 'no-model'}: no saved_model.pb there (the --model-dir of a finished training job)"]
     absent = run_module("serving.predict", str(trained), str(tmp_path / "absent.jpg"))
-    assert absent.returncode == 2 and f"{tmp_path / 'absent.jpg'}: cannot read it" in absent.stderr
+    assert absent.returncode == 2 and absent.stderr.splitlines() == [
+        f"serving.predict: error: {tmp_path / 'absent.jpg'}: cannot read it (NotFoundError)"]
+    both = run_module("serving.predict", str(trained), str(good), "--instances", str(good))
+    assert both.returncode == 2 and both.stderr.splitlines() == [
+        "python -m serving.predict: error: give either FILEs or --instances FILE (--help lists the flags)"]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import yaml
 
-from helpers import clean_env, run_module
-from scripts import jobspec
+from helpers import run_main
+from scripts import jobspec, submit_job
 from trainer.cluster import resolve
 
 REQUEST = ["--strategy", "mwms", "--workers", "2", "--image-uri", "us-docker.pkg.dev/p/r/cassava-trainer-cpu:1"]
 
 
 def printed(*args):
-    result = run_module("scripts.submit_job", "ai-platform", *REQUEST, *args, env=clean_env(), timeout=120)
+    result = run_main(submit_job.main, "ai-platform", *REQUEST, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -34,14 +34,14 @@ def test_the_dry_run_prints_the_same_labelled_file():
 
 
 def test_help_labels_ai_platform_as_the_retired_services_format():
-    help_text = " ".join(run_module("scripts.submit_job", "--help", env=clean_env(), timeout=120).stdout.split())
+    help_text = " ".join(run_main(submit_job.main, "--help").stdout.split())
     assert ("ai-platform: the format of AI Platform Training, a retired service (shut down on 2025-04-07, "
             "Vertex AI's deprecations page), kept because its CLUSTER_SPEC and `master` chief still reach the "
             "trainer") in help_text
 
 
 def test_other_yaml_targets_carry_their_own_header_not_the_retired_one():
-    result = run_module("scripts.submit_job", "tfjob", *REQUEST, env=clean_env(), timeout=120)
+    result = run_main(submit_job.main, "tfjob", *REQUEST)
     assert result.returncode == 0, result.stderr
     assert "AI Platform" not in result.stdout.split("apiVersion:")[0]
 

@@ -1,18 +1,15 @@
 """trainer.cluster over the environments Vertex AI, AI Platform and Kubeflow really set."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from cassava.task import CassavaTask
+from helpers import run_main
 from trainer.cluster import ClusterConfigError, resolve
 
 pytestmark = pytest.mark.unit
 
-from helpers import REPO
 VERTEX_CLUSTER = {
     "chief": ["cmle-training-workerpool0-ab-0:2222"],
     "worker": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"],
@@ -161,15 +158,34 @@ def test_bad_input_raises_one_line_naming_the_variable(variable, raw, expected):
     assert "\n" not in str(error.value)
 
 
-def run_cli(environ):
-    clean = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID")}
-    return subprocess.run([sys.executable, "-m", "trainer.cluster"], env={**clean, **environ},
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+@pytest.fixture
+def cli_environment(monkeypatch):
+    """Sets this process's environment as `python -m trainer.cluster` would see it: the test's own
+    environment without the variables `drop` names, then `environ` (None unsets one)."""
+
+    def use(environ: dict, drop=("TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID")) -> None:
+        for variable in drop:
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in environ.items():
+            if value is None:
+                monkeypatch.delenv(variable, raising=False)
+            else:
+                monkeypatch.setenv(variable, value)
+
+    return use
 
 
-def test_cli_prints_the_resolution_as_json():
+def run_cli(cli_environment, environ, drop=("TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID")):
+    """`python -m trainer.cluster`, run in this process (trainer.cluster.main) with `environ`."""
+    from trainer import cluster as cluster_lib
+
+    cli_environment(environ, drop)
+    return run_main(lambda argv: cluster_lib.main())
+
+
+def test_cli_prints_the_resolution_as_json(cli_environment):
     spec = {"cluster": {"workerpool0": ["c:1"], "workerpool1": ["w:1", "w:2"]}, "task": {"type": "workerpool1", "index": 1}}
-    result = run_cli(env("CLUSTER_SPEC", spec))
+    result = run_cli(cli_environment, env("CLUSTER_SPEC", spec))
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert {k: printed[k] for k in ("task_type", "task_index", "is_chief", "trial", "num_workers", "num_ps", "has_evaluator")} == {
@@ -178,8 +194,8 @@ def test_cli_prints_the_resolution_as_json():
     assert printed["tf_config"] == {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 1}}
 
 
-def test_cli_bad_input_exits_2_with_one_line_and_no_traceback():
-    result = run_cli({"TF_CONFIG": "{not json"})
+def test_cli_bad_input_exits_2_with_one_line_and_no_traceback(cli_environment):
+    result = run_cli(cli_environment, {"TF_CONFIG": "{not json"})
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -323,32 +339,30 @@ def test_jobset_variables_in_a_pod_outside_a_jobset_are_not_a_single_process():
         resolve({"JOBSET_PODS": "chief=1,worker=2", "HOSTNAME": "trainer-5d8f7-abcde"})
 
 
-def run_jobset_cli(environ):
-    """`python -m trainer.cluster` with exactly `environ` as its cluster variables."""
+def run_jobset_cli(cli_environment, environ):
+    """`python -m trainer.cluster` with exactly `environ` as its cluster variables, in this process."""
     from trainer.cluster import JOB_COMPLETION_INDEX, JOBSET_VARIABLES
 
-    drop = {"TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES}
-    clean = {k: v for k, v in os.environ.items() if k not in drop}
-    return subprocess.run([sys.executable, "-m", "trainer.cluster"], env={**clean, **environ},
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    drop = ("TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES)
+    return run_cli(cli_environment, environ, drop)
 
 
 @pytest.mark.parametrize("overrides, message", JOBSET_ERRORS)
-def test_cli_in_a_misconfigured_jobset_pod_prints_one_line_and_exits_2(overrides, message):
+def test_cli_in_a_misconfigured_jobset_pod_prints_one_line_and_exits_2(cli_environment, overrides, message):
     from trainer.cluster import environ_with_hostname
 
     environ = jobset_pod("worker", 1, **overrides)
     with pytest.raises(ClusterConfigError) as error:  # what the pod sees: HOSTNAME from the kernel when unset
         resolve(environ_with_hostname(environ))
-    result = run_jobset_cli(environ)
+    result = run_jobset_cli(cli_environment, environ)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"trainer.cluster: {error.value}\n"
 
 
-def test_cli_without_hostname_checks_the_kernels_hostname():
+def test_cli_without_hostname_checks_the_kernels_hostname(cli_environment):
     import socket
 
-    result = run_jobset_cli(jobset_pod("worker", 1, HOSTNAME=None))
+    result = run_jobset_cli(cli_environment, jobset_pod("worker", 1, HOSTNAME=None))
     assert result.returncode == 2
     assert result.stderr.startswith(f'trainer.cluster: HOSTNAME is "{socket.gethostname()}", but Kubernetes names pod 1')
 
@@ -426,8 +440,8 @@ def test_reducers_beside_an_evaluator_and_in_a_chief_only_job():
     assert (alone.tf_config, alone.num_reducers) == (None, 1)
 
 
-def test_cli_on_a_reducer_jobs_worker_prints_num_ps_0():
-    result = run_cli(env("CLUSTER_SPEC", {"cluster": REDUCER_CLUSTER_SPEC, "task": {"type": "workerpool1", "index": 0},
+def test_cli_on_a_reducer_jobs_worker_prints_num_ps_0(cli_environment):
+    result = run_cli(cli_environment, env("CLUSTER_SPEC", {"cluster": REDUCER_CLUSTER_SPEC, "task": {"type": "workerpool1", "index": 0},
                                           "environment": "cloud", "job": vertex_job(REDUCER_IMAGE)}))
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)

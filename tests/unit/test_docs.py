@@ -33,7 +33,6 @@ import functools
 import io
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -199,7 +198,15 @@ def last_line(text: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def module_help(module: str) -> str:
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    """`python -m MODULE --help`, from the module's own main in this process (argparse answers
+    --help before anything heavy runs)."""
+    import importlib
+
+    from helpers import run_main
+
+    package_main = Path(*module.split(".")) / "__main__.py"
+    imported = importlib.import_module(f"{module}.__main__" if (REPO / package_main).is_file() else module)
+    result = run_main(imported.main, "--help")
     assert result.returncode == 0, f"python -m {module} --help: {result.stderr.strip()[-500:]}"
     return result.stdout
 
@@ -378,17 +385,39 @@ def check_module(command: Command) -> None:
 
         own, task_command = split_at_dashes(argv)
         assert not (error := run_parser(launch.build_parser().parse_args, own)), f"{command}: {error}"
-        assert task_command[:1] == ["python"], f"{command}: tasks run {task_command[:1]}, not python"
-        if task_command[1:3] == ["-m", "cassava.task"]:
-            task_args = task_command[3:]
-            assert not (error := trainer_args_error(task_args)), f"{command}: cassava.task refuses {task_args}: {error}"
-        else:  # a user's script, which tests/integration/test_own_code_doc.py runs as written
-            assert task_command[1].endswith(".py"), f"{command}: tasks run {task_command[1:3]}"
+        check_task_command(command, task_command)
+    elif module == "trainer.run":
+        check_task_command(command, ["python", "-m", module, *argv])
     elif any(a.startswith("--") for a in argv):
         known, required = usage_options(module_help(module))
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
         assert given <= known, f"{command}: python -m {module} has no {sorted(given - known)}"
         assert required <= given, f"{command}: python -m {module} needs {sorted(required - given)}"
+
+
+def check_task_command(command: Command, words: list[str]) -> None:
+    """What a task runs: `python -m cassava.task FLAGS`, a user's `python SCRIPT.py FLAGS` (the
+    project's own scripts must declare the flags), or either under `python -m trainer.run --`."""
+    assert words[:1] == ["python"], f"{command}: tasks run {words[:1]}, not python"
+    if words[1:3] == ["-m", "trainer.run"]:
+        from trainer import run
+
+        own, inner = split_at_dashes(words[3:])
+        assert not (error := run_parser(run.build_parser().parse_args, own)), f"{command}: {error}"
+        assert inner, f"{command}: trainer.run runs no command"
+        return check_task_command(command, inner)
+    if words[1:3] == ["-m", "cassava.task"]:
+        task_args = words[3:]
+        assert not (error := trainer_args_error(task_args)), f"{command}: cassava.task refuses {task_args}: {error}"
+        return None
+    # A user's script: tests/integration/test_own_code_doc.py and test_level1_doc.py run the pages'
+    # scripts as written; one of the project's must declare the flags the command gives.
+    assert words[1].endswith(".py"), f"{command}: tasks run {words[1:3]}"
+    if (REPO / words[1]).is_file():
+        given = {a.split("=", 1)[0] for a in words[2:] if a.startswith("--")}
+        unknown = given - declared_options(REPO / words[1])
+        assert not unknown, f"{command}: {words[1]} declares no {sorted(unknown)}"
+    return None
 
 
 def declared_options(script: Path) -> set[str]:

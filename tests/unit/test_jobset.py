@@ -8,12 +8,11 @@ import copy
 import dataclasses
 import json
 import re
-import sys
 
 import pytest
 import yaml
 
-from helpers import REPO, clean_env, run_module
+from helpers import run_main
 from scripts import jobspec, submit_job
 from scripts.rehearsal.jobset import pods as rehearsal_pods
 from trainer import exits
@@ -216,24 +215,13 @@ def test_spot_queue_timeout_labels_and_namespace():
 
 
 def test_printed_jobset_says_what_it_needs_and_loads():
-    result = run_module("scripts.submit_job", "jobset", *REQUESTS["spot-queue-timeout"], "--", "--epochs", "3",
-                        env=clean_env(), timeout=120)
+    result = run_main(submit_job.main, "jobset", *REQUESTS["spot-queue-timeout"], "--", "--epochs", "3")
     assert result.returncode == 0, result.stderr
     header = [line for line in result.stdout.splitlines() if line.startswith("#")]
     assert result.stdout.startswith("# A JobSet (jobset.x-k8s.io/v1alpha2)")
     assert "the JobSet controller (v0.7 or later) and Kueue, with a LocalQueue team-a in namespace ml" in " ".join(header)
     printed = yaml.safe_load(result.stdout)
     assert printed["kind"] == "JobSet" and printed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"] == ["--epochs", "3"]
-
-
-def test_printed_jobset_runs_as_a_script_too():
-    """`python scripts/submit_job.py` puts scripts/, not the repo root, on sys.path."""
-    import subprocess
-
-    result = subprocess.run([sys.executable, "scripts/submit_job.py", "jobset", "--image-uri", CPU], cwd=REPO,
-                            env={k: v for k, v in clean_env().items() if k != "PYTHONPATH"}, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert yaml.safe_load(result.stdout)["kind"] == "JobSet"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -243,7 +231,7 @@ def test_printed_jobset_runs_as_a_script_too():
      "cassava-resnet50-multiworker-experiment-0042-evaluator-0-0-xxxxx would pass 63 characters; use at most 43"),
 ])
 def test_a_name_kubernetes_would_refuse_is_one_line_and_exit_2(argv, message):
-    result = run_module("scripts.submit_job", "jobset", "--image-uri", CPU, *argv, env=clean_env(), timeout=120)
+    result = run_main(submit_job.main, "jobset", "--image-uri", CPU, *argv)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith(f"submit_job: error: {message}") and result.stderr.count("\n") == 1
 
@@ -307,16 +295,17 @@ def test_a_user_image_without_trainer_arguments_runs_its_own_command():
         assert "TF_CONFIG" in env
 
 
-def test_the_cli_prints_the_same_cluster_in_every_pod():
-    import subprocess
-
+def test_the_cli_prints_the_same_cluster_in_every_pod(monkeypatch):
+    from trainer import cluster as cluster_lib
     from trainer.cluster import JOB_COMPLETION_INDEX, JOBSET_VARIABLES
 
-    base = {k: v for k, v in clean_env().items() if k not in {"HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES}}
     printed = []
     for pod in rehearsal_pods.jobset_pods(manifest("pss-evaluator")):
-        result = subprocess.run([sys.executable, "-m", "trainer.cluster"], env={**base, **pod["env"]}, cwd=REPO,
-                                capture_output=True, text=True, timeout=60)
+        for variable in ("TF_CONFIG", "CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "HOSTNAME", JOB_COMPLETION_INDEX, *JOBSET_VARIABLES):
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in pod["env"].items():
+            monkeypatch.setenv(variable, value)
+        result = run_main(lambda argv: cluster_lib.main())
         assert result.returncode == 0, result.stderr
         printed.append(json.loads(result.stdout))
         assert printed[-1] == json.loads(resolve(pod["env"]).to_json())

@@ -1,5 +1,9 @@
-"""The known-harmless lines, and only those, are recognised and dropped."""
+"""The known-harmless lines, and only those, are recognised and dropped: by the runtime's
+supervisors (trainer.relay.Filter, which trainer.run and trainer.launch use) and, while TensorFlow
+is imported, by the prediction server (serving.quiet_tensorflow); and Keras' progress lines are
+told from the rest."""
 
+import ast
 import logging
 import os
 import re
@@ -9,6 +13,7 @@ import threading
 import pytest
 
 from helpers import REPO
+from serving import quiet_tensorflow
 from trainer import logs, relay
 
 REAL_LINES = [
@@ -32,6 +37,64 @@ def test_other_warnings_and_errors_are_kept():
         assert not relay.is_harmless(line)
 
 
+# What a ParameterServerStrategy job's worker and ps print as the coordinator connects, with
+# TF_CPP_MIN_LOG_LEVEL=0 (tensorflow-cpu 2.21.0): one INFO line, then a ConfigProto without a prefix.
+SESSION_OPTIONS = """I0000 00:00:1795706068.037402   26711 eager_service_impl.cc:355] SessionOptions: goo.gle/debugproto   
+device_count {
+  key: "CPU"
+  value: 1
+}
+gpu_options {
+  experimental {
+  }
+}
+allow_soft_placement: true
+experimental {
+  collective_group_leader: "/job:ps/replica:0/task:0"
+}
+
+""".splitlines()
+
+
+def kept(lines: list[str]) -> list[str]:
+    lines_filter = relay.Filter()
+    return [line for line in lines if lines_filter.keep(line)]
+
+
+def test_the_session_options_dump_is_left_out_whole_and_what_follows_it_kept():
+    after = ["I0000 00:00:1.0 1 grpc_server_lib.cc:467] Started server with target: grpc://localhost:1", "worker says hi"]
+    assert kept(["before", *SESSION_OPTIONS, *after]) == ["before", *after]
+
+
+def test_a_dump_cut_short_ends_at_the_next_message_and_a_block_never_swallows_the_rest():
+    cut_short = SESSION_OPTIONS[:4] + ["Traceback (most recent call last):", '  File "x.py", line 1']
+    assert kept(cut_short) == cut_short[4:]
+    endless = SESSION_OPTIONS[:1] + [f"field_{n} {{" for n in range(relay.MAX_BLOCK_LINES + 5)]
+    assert kept(endless) == endless[relay.MAX_BLOCK_LINES:]
+
+
+@pytest.mark.parametrize("line, progress", [
+    ("Epoch 3/10", True),
+    ("\r1/4 [======>.......................] - ETA: 0s - loss: 1.3093\b\b\b", True),  # tf-keras, verbose 1
+    ("4/4 - 0s - loss: 1.1501 - 6ms/epoch - 2ms/step", True),  # tf-keras, verbose 2
+    ("\r\x1b[1m1/4\x1b[0m \x1b[32m\u2501\u2501\u2501\x1b[0m\x1b[37m\u2501\u2501\x1b[0m \x1b[1m0s\x1b[0m", True),  # Keras 3, verbose 1
+    ("4/4 - 0s - 6ms/step - loss: 0.8049", True),  # Keras 3, verbose 2
+    ("epoch 1/3: loss 0.2 (2 replicas)", False),
+    ("12/50 files read", False),
+    ("12:00:01 trainer: epoch 1/3 ends: loss=0.2", False),
+])
+def test_keras_progress_lines_are_told_from_the_rest(line, progress):
+    assert relay.is_progress(line) == progress
+
+
+def test_a_known_failure_is_recognised_in_tensorflows_line_and_others_are_not():
+    line = ("tensorflow.python.framework.errors_impl.InvalidArgumentError: {{function_node __wrapped__IteratorGetNextAsOptional}} "
+            "Could not apply FILE based sharding: the dataset only has 1 file(s), which is not enough for the required 2 "
+            "shards/workers.")
+    assert relay.known_failure(line).startswith("the dataset has fewer files than the job has workers")
+    assert relay.known_failure("ValueError: Could not interpret optimizer identifier") is None
+
+
 def test_the_keras_false_alarm_is_dropped_and_other_tensorflow_warnings_kept(caplog):
     logs.configure()
     keras_log = logging.getLogger("tensorflow")
@@ -45,11 +108,29 @@ def test_the_keras_false_alarm_is_dropped_and_other_tensorflow_warnings_kept(cap
 
 
 
+def test_the_servers_load_time_lines_are_the_runtimes_harmless_ones():
+    """serving/ cannot import trainer/ (the prediction image carries serving/ alone): its list is
+    its own, and must leave out nothing the runtime would keep."""
+    assert all(relay.is_harmless(line) for line in quiet_tensorflow.HARMLESS_LINES)
+
+
+def test_nothing_in_the_runtime_forks_the_training_process():
+    """trainer.run is the one stderr relay, a parent of the training process: no module of the
+    runtime forks inside it (which put a rule on every user: import TensorFlow late)."""
+    forks = []
+    for path in sorted((REPO / "trainer").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("fork", "forkpty"):
+                forks.append(f"{path.name}:{node.lineno}")
+    assert forks == []
+
+
 def copied(chunks: list[bytes]) -> bytes:
-    """What copy_without_harmless passes on when `chunks` are written to its pipe one by one."""
+    """What the server's copier (serving.quiet_tensorflow) passes on when `chunks` are written to
+    its pipe one by one."""
     source_read, source_write = os.pipe()
     sink_read, sink_write = os.pipe()
-    copier = threading.Thread(target=relay.copy_without_harmless, args=(source_read, sink_write))
+    copier = threading.Thread(target=quiet_tensorflow.copy_without_harmless, args=(source_read, sink_write))
     copier.start()
     for chunk in chunks:
         os.write(source_write, chunk)
@@ -60,19 +141,19 @@ def copied(chunks: list[bytes]) -> bytes:
         return sink.read()
 
 
-def test_the_relay_copies_whole_lines_and_leaves_out_the_harmless_ones():
+def test_the_copier_copies_whole_lines_and_leaves_out_the_harmless_ones():
     real = b"W0000 00:00:1.0 1 op_kernel.cc:1780] OP_REQUIRES failed at xla_ops.cc:296 : UNIMPLEMENTED\n"
-    harmless = [line.encode() for line in REAL_LINES]
+    harmless = [line.encode() for line in REAL_LINES[1:]]  # the load-time lines
     # A line split across writes is matched whole; a last line without a newline is kept.
     assert copied([harmless[0][:20], harmless[0][20:] + real[:10], real[10:], *harmless[1:], b"Fatal: no newline"]
                   ) == real + b"Fatal: no newline"
 
 
-def test_the_relay_keeps_bytes_that_are_not_utf8_as_they_are():
+def test_the_copier_keeps_bytes_that_are_not_utf8_as_they_are():
     assert copied([b"\xff\xfe raw bytes\n"]) == b"\xff\xfe raw bytes\n"
 
 
-def test_the_relay_keeps_draining_when_its_destination_is_gone(monkeypatch):
+def test_the_copier_keeps_draining_when_its_destination_is_gone(monkeypatch):
     source_read, source_write = os.pipe()
     sink_read, sink_write = os.pipe()
     os.close(sink_read)  # writes to sink_write now fail (EPIPE)
@@ -86,7 +167,7 @@ def test_the_relay_keeps_draining_when_its_destination_is_gone(monkeypatch):
 
     def copy():
         try:
-            relay.copy_without_harmless(source_read, sink_write)
+            quiet_tensorflow.copy_without_harmless(source_read, sink_write)
             outcome.append("returned")
         except BaseException as error:  # a thread's exception is otherwise only printed
             outcome.append(repr(error))
@@ -108,20 +189,10 @@ def test_the_relay_keeps_draining_when_its_destination_is_gone(monkeypatch):
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.cpu", "Dockerfile.gpu"])
-def test_the_images_hide_tensorflows_info_lines_and_relay_the_trainers_stderr(dockerfile):
+def test_the_images_hide_tensorflows_info_lines(dockerfile):
     text = (REPO / dockerfile).read_text().replace("\\\n", " ")
     environment = {}
     for line in text.splitlines():
         if line.startswith("ENV "):
             environment.update(item.split("=", 1) for item in shlex.split(re.sub(r"\$\w+", "", line[4:])))
     assert environment.get("TF_CPP_MIN_LOG_LEVEL") == "1"  # INFO hidden, warnings kept
-    assert environment.get(relay.RELAY_VARIABLE) == "1"
-
-
-def test_only_a_set_variable_asks_for_the_relay(monkeypatch):
-    calls = []
-    monkeypatch.setattr(relay, "relay_stderr", lambda: calls.append(True))
-    for value, relays in (("1", True), ("0", False), ("", False), (None, False)):
-        calls.clear()
-        relay.relay_stderr_if_asked({} if value is None else {relay.RELAY_VARIABLE: value})
-        assert bool(calls) == relays, value

@@ -12,7 +12,7 @@ import pytest
 
 from scripts import deploy_model, modelspec
 
-IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/cassava-trainer-serving:v1"
+IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/tf-predictor-cpu:v1"
 BASE = ["vertex", "--dry-run", "--project", "my-project", "--image-uri", IMAGE, "--artifact-uri", "gs://my-bucket/runs/1/model"]
 
 
@@ -72,7 +72,7 @@ def test_an_existing_endpoint_gets_no_create_request():
 
 @pytest.mark.parametrize("extra, message", [
     (["--artifact-uri", "output/model"], "--artifact-uri must be gs://BUCKET/PATH"),
-    (["--image-uri", "localhost/cassava-trainer-serving:dev"], "--image-uri localhost/cassava-trainer-serving:dev is a local tag"),
+    (["--image-uri", "localhost/tf-predictor-cpu:dev"], "--image-uri localhost/tf-predictor-cpu:dev is a local tag"),
     (["--min-replicas", "3", "--max-replicas", "2"], "replicas: need 1 <= --min-replicas <= --max-replicas, got 3 and 2"),
     (["--min-replicas", "0"], "replicas: need 1 <= --min-replicas"),
     (["--machine-type", "g2-standard-8"], "--machine-type g2-standard-8 has accelerators"),
@@ -104,7 +104,7 @@ def test_a_malformed_flag_and_a_missing_project_are_one_line_and_exit_2(monkeypa
 
 def test_the_container_gets_the_variables_vertex_documents():
     deployment = deploy_model.deployment_of(deploy_model.build_parser().parse_args(
-        ["local", "--image-uri", "localhost/cassava-trainer-serving:dev", "--artifact-uri", "gs://my-bucket/m",
+        ["local", "--image-uri", "localhost/tf-predictor-cpu:dev", "--artifact-uri", "gs://my-bucket/m",
          "--port", "7080", "--predict-route", "/v1/predict", "--machine-type", "e2-standard-4"]), [])
     env = modelspec.container_environment(deployment, storage_uri="gs://caip-tenant-x/123/artifact",
                                           deployed_model_id="42", project_number="000000000000")

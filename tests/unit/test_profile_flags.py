@@ -1,11 +1,7 @@
 """--profile-steps and --profile-tasks, as trainer.config parses them (trainer.profiling traces)."""
 
-import subprocess
-import sys
-
 import pytest
 
-from helpers import REPO, clean_env
 from cassava.task import CassavaTask
 from trainer import config
 from trainer.cluster import resolve
@@ -28,14 +24,3 @@ def test_profiling_is_off_by_default_and_on_the_chief_when_asked():
     parsed = config.parse(["--profile-steps", "10-15"], {}, cluster, CassavaTask())
     assert (parsed.profile_steps, parsed.profile_tasks) == ((10, 15), "chief")
     assert config.parse(["--profile-steps", "2", "--profile-tasks", "all"], {}, cluster, CassavaTask()).profile_tasks == "all"
-
-
-def test_parsing_the_flags_does_not_load_tensorflow():
-    """cassava.task parses its flags before it hands stderr to the relay that filters
-    TensorFlow's load-time lines (trainer.relay): loading TensorFlow earlier would print them."""
-    code = ("import sys, cassava.task, trainer.fit; "
-            "trainer.fit.build_parser(cassava.task.CassavaTask()).parse_args(['--epochs', '1']); "
-            "print('tensorflow' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code],
-                            cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip() == "False", result.stderr

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 
-from trainer import cluster, run, severity
+from trainer import cluster, relay, run, severity
 
 REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 
@@ -77,9 +78,62 @@ def test_an_unusable_cluster_raises_one_line():
     assert "\n" not in str(error.value) and "out of range" in str(error.value)
 
 
-def test_the_rest_of_the_environment_is_passed_on_and_the_relay_variable_dropped():
-    env = run.child_environment({"PATH": "/bin", "MY_FLAG": "1", "TRAINER_RELAY_STDERR": "1"})
-    assert env["PATH"] == "/bin" and env["MY_FLAG"] == "1" and "TRAINER_RELAY_STDERR" not in env
+def test_the_rest_of_the_environment_is_passed_on():
+    env = run.child_environment({"PATH": "/bin", "MY_FLAG": "1"})
+    assert env["PATH"] == "/bin" and env["MY_FLAG"] == "1"
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "task.py"], [sys.executable, "task.py"]),
+    (["python3", "-m", "pkg.train"], [sys.executable, "-m", "pkg.train"]),
+    (["/usr/bin/python3", "task.py"], ["/usr/bin/python3", "task.py"]),  # a path is the user's choice
+    (["bash", "-c", "python task.py"], ["bash", "-c", "python task.py"]),
+    (["python3.11", "task.py"], ["python3.11", "task.py"]),
+])
+def test_python_in_a_command_is_the_runtimes_own_interpreter(command, expected):
+    assert relay.with_this_python(command) == expected
+
+
+# --- the model directory left empty ------------------------------------------------------------
+
+def test_an_exit_0_of_the_saving_task_that_left_the_model_directory_empty_is_one_warning(tmp_path):
+    empty, missing, saved = tmp_path / "empty", tmp_path / "missing", tmp_path / "saved"
+    empty.mkdir()
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"x")
+    warning = run.empty_model_warning(0, str(empty))
+    assert warning == (f"trainer.run: warning: the command exited 0 and left the model directory empty "
+                       f"(AIP_MODEL_DIR={empty}); save the trained model there: Vertex AI makes a Model from that "
+                       "directory only")
+    assert run.empty_model_warning(0, str(missing)) is not None
+    assert run.empty_model_warning(0, str(saved)) is None
+    assert run.empty_model_warning(1, str(empty)) is None  # a failure says so itself
+    assert run.empty_model_warning(0, None) is None  # a worker, or no model directory in the environment
+
+
+def test_a_gs_model_directory_is_looked_at_through_cloud_storage_fuse_where_it_is_mounted(tmp_path):
+    fuse = tmp_path / "gcs"
+    (fuse / "bucket" / "job" / "model").mkdir(parents=True)
+    assert run.left_empty("gs://bucket/job/model", str(fuse)) is True
+    (fuse / "bucket" / "job" / "model" / "saved_model.pb").write_bytes(b"x")
+    assert run.left_empty("gs://bucket/job/model/", str(fuse)) is False
+    assert run.left_empty("gs://bucket/job/other", str(fuse)) is True
+    assert run.left_empty("gs://unmounted/job/model", str(fuse)) is None  # cannot look: no word
+    assert run.empty_model_warning(0, "gs://unmounted/job/model", str(fuse)) is None
+    assert run.left_empty("s3://bucket/model", str(fuse)) is None
+
+
+def test_a_warning_of_the_runner_is_written_at_its_severity():
+    read_out, write_out = os.pipe()
+    read_err, write_err = os.pipe()
+    for log_format, expected in ((severity.PLAIN, b"trainer.run: warning: x\n"),
+                                 (severity.JSON, b'{"severity": "WARNING", "message": "trainer.run: warning: x"}\n')):
+        writer = severity.Writer(write_out, write_err, log_format)
+        writer.entry(severity.WARNING, "trainer.run: warning: x")
+        writer.close()
+        assert os.read(read_err, 1000) == expected
+    for fd in (read_out, write_out, read_err, write_err):
+        os.close(fd)
 
 
 # --- output directories -------------------------------------------------------------------------
@@ -203,3 +257,12 @@ def test_exit_status_follows_the_contract(returncode, terminated, expected):
 def test_no_command_is_one_line_and_exit_2(capsys):
     assert run.main(["--log-format", "plain"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_bad_flag_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--log-format", "xml", "--", "python", "task.py"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "python -m trainer.run: error: argument --log-format: invalid choice: 'xml' (choose from 'auto', 'plain', 'json') "
+        "(--help lists the flags)"]

@@ -1,14 +1,15 @@
 """What cassava.task reads from its environment before anything else, and what trainer.launch gives
-each task: a JobSet pod's hostname from the kernel, and the stderr relay only where asked."""
+each task: a JobSet pod's hostname from the kernel, and a machine of its own per launched task."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
 
 from cassava.task import CassavaTask
-from trainer import cluster, fit, launch, relay
+from trainer import cluster, fit, launch
 
 # A JobSet pod's variables, as the generated spec gives them, without HOSTNAME.
 JOBSET_POD = {"JOBSET_NAME": "tf", "JOBSET_REPLICATED_JOB": "worker", "JOBSET_JOB_INDEX": "0",
@@ -41,8 +42,9 @@ def test_a_jobset_pod_whose_kernel_hostname_is_another_pods_stops_with_one_line(
         '"tf-worker-0-1": JOBSET_NAME, JOBSET_REPLICATED_JOB and JOBSET_JOB_INDEX must come from this pod\'s own labels']
 
 
-def test_the_launchers_tasks_run_without_the_relay(monkeypatch, tmp_path):
-    """trainer.launch filters what it relays itself; a relay inside each task would be one more process."""
+def test_each_launched_task_gets_a_machine_of_its_own(monkeypatch, tmp_path):
+    """trainer.launch gives every task its own TF_CONFIG, scratch directory and hypertune file, as
+    if it ran on a machine of its own, and no CLUSTER_SPEC that would contradict its TF_CONFIG."""
     started = []
 
     class Process:
@@ -54,10 +56,14 @@ def test_the_launchers_tasks_run_without_the_relay(monkeypatch, tmp_path):
         def poll(self):
             return 0
 
-    monkeypatch.setenv(relay.RELAY_VARIABLE, "1")
+    monkeypatch.setenv("CLUSTER_SPEC", '{"cluster": {}}')
     monkeypatch.setattr(launch.subprocess, "Popen", Process)
     cluster_spec, tasks = launch.plan_cluster(2, 0, False, [1, 2])
     job = launch.Job(cluster_spec, tasks, [], str(tmp_path), parameter_server=False)
-    job.start(tasks[0])
-    assert started and relay.RELAY_VARIABLE not in started[0]
-    assert started[0]["TF_CONFIG"]  # the rest of its environment is there
+    for task in tasks:
+        job.start(task)
+    assert [json.loads(env["TF_CONFIG"])["task"] for env in started] == [{"type": "chief", "index": 0},
+                                                                         {"type": "worker", "index": 0}]
+    assert [env["TMPDIR"] for env in started] == [str(tmp_path / "chief-0" / "tmp"), str(tmp_path / "worker-0" / "tmp")]
+    assert len({env["CLOUD_ML_HP_METRIC_FILE"] for env in started}) == 2
+    assert not [env for env in started if "CLUSTER_SPEC" in env]

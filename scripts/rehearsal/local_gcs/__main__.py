@@ -3,7 +3,6 @@ serves until Ctrl-C, after printing the environment to export in another shell."
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import tempfile
@@ -12,10 +11,11 @@ from pathlib import Path
 
 from scripts.rehearsal import local_gcs
 from scripts.rehearsal.local_gcs.launcher import LocalGCS
+from trainer import cli
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=local_gcs.__doc__.split("\n\n")[0])
+    parser = cli.OneLineParser(prog="python -m scripts.rehearsal.local_gcs", description=local_gcs.__doc__.split("\n\n")[0])
     parser.add_argument("--root", help="where the certificates and the server log go (default: a new temp dir)")
     parser.add_argument("--bucket", action="append", default=[], help="a bucket to create (repeatable)")
     parser.add_argument("--port", type=int, default=0, help="the proxy's port (default: a free one)")

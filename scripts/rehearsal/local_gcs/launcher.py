@@ -4,7 +4,6 @@ buckets and objects a test or a rehearsal sets up through fake-gcs-server's own 
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import subprocess
 import time
@@ -18,6 +17,7 @@ from scripts.rehearsal.local_gcs.ca import GOOGLE_HOSTS, ca_variables, make_cert
 from scripts.rehearsal.local_gcs.faults import Fault
 from scripts.rehearsal.local_gcs.front import Front
 from trainer import stopping
+from trainer.ports import free_port
 
 
 def fake_gcs_server_binary() -> str:
@@ -25,11 +25,6 @@ def fake_gcs_server_binary() -> str:
 
     return str(_server._get_binary_path())
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class LocalGCS:
