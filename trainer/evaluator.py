@@ -30,6 +30,7 @@ class EvaluatorTimeout(RuntimeError):
 
 
 def checkpoint_epoch(path: str) -> int:
+    """The epoch of a checkpoint trainer.saving wrote (`.../epoch-3`), -1 for anything else."""
     match = re.search(r"epoch-(\d+)$", path)
     return int(match.group(1)) if match else -1
 
@@ -73,10 +74,16 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             print(f"{name}: error: evaluator: {error}", file=sys.stderr)
             return 2
         try:
-            model = saving.model_from_checkpoint(task, run_info, checkpoint)
-        except (tf.errors.OpError, ValueError) as error:
+            model = saving.model_from_checkpoint(task, run_info, checkpoint, dataset.element_spec)
+        except AssertionError as error:
+            first = str(error).strip().splitlines()[0][:200]
+            raise DataError(f"evaluator: {checkpoint} does not hold this task's model ({first}): the evaluator "
+                            "needs the training job's own flags") from None
+        except tf.errors.OpError as error:
             # Training may replace a checkpoint while it is read; the next one will do.
-            log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint, error)
+            log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint,
+                        (error.message or "").splitlines()[0][:200])
+            time.sleep(POLL_SECONDS)
             continue
         with plan.data_errors(task, run_info):
             results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)

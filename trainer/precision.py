@@ -115,15 +115,17 @@ def measure_cpu(repeats: int = 3, batch: int = 16, size: int = 56) -> Speeds:
 
     import tensorflow as tf
 
-    def block(policy: str) -> tf.keras.Model:
-        layers = tf.keras.layers
-        inputs = tf.keras.Input((size, size, 256))
+    import keras
+
+    def block(policy: str) -> keras.Model:
+        layers = keras.layers
+        inputs = keras.Input((size, size, 256))
         x = inputs
         for filters, kernel in ((64, 1), (64, 3), (256, 1)):
             x = layers.Conv2D(filters, kernel, padding="same", use_bias=False, dtype=policy)(x)
             x = layers.BatchNormalization(dtype=policy)(x)
             x = layers.ReLU(dtype=policy)(x)
-        return tf.keras.Model(inputs, layers.Add(dtype=policy)([x, inputs]))
+        return keras.Model(inputs, layers.Add(dtype=policy)([x, inputs]))
 
     images = tf.random.stateless_uniform((batch, size, size, 256), seed=(1, 2))
     milliseconds = []
@@ -187,7 +189,7 @@ def apply(requested: str, agree=None, measure=measure_cpu) -> str:
     synchronous jobs, maps this task's [float32 ms, bfloat16 ms] to the mean over every task, so
     that all of them choose alike. A policy asked for by name is never measured over.
     """
-    import tensorflow as tf
+    import keras
 
     devices = local_devices()
     speeds = None
@@ -204,7 +206,7 @@ def apply(requested: str, agree=None, measure=measure_cpu) -> str:
     level = keras_log.level
     keras_log.setLevel(logging.ERROR)
     try:
-        tf.keras.mixed_precision.set_global_policy(choice.policy)
+        keras.mixed_precision.set_global_policy(choice.policy)
     finally:
         keras_log.setLevel(level)
     log.info("precision: %s (%s)", choice.policy, choice.reason)
@@ -215,11 +217,11 @@ def apply(requested: str, agree=None, measure=measure_cpu) -> str:
 def float32_policy() -> Iterator[None]:
     """Keras layers built inside compute in float32, whatever policy the job trains in: what an
     export or an evaluation builds (the variables are float32 under every policy)."""
-    import tensorflow as tf
+    import keras
 
-    trained_in = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy("float32")
+    trained_in = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
     try:
         yield
     finally:
-        tf.keras.mixed_precision.set_global_policy(trained_in)
+        keras.mixed_precision.set_global_policy(trained_in)
