@@ -147,7 +147,7 @@ class CassavaTask(Task):
         from trainer import inputs
 
         trace_path = None
-        if run.flags.trace_input_dir:
+        if run.flags.trace_input_dir and run.trains:
             if run.strategy == "parameter_server":
                 log.warning("--trace-input-dir is ignored under parameter_server: datasets run on remote workers")
             else:
@@ -172,8 +172,8 @@ class CassavaTask(Task):
     def build_model(self, run: Run):
         from cassava import model
 
-        # Rebuilt to read a checkpoint into (the export, the evaluator): no pretrained weights to fetch.
-        weights = "none" if run.restoring else run.flags.weights
+        # Built to read a checkpoint into or to time it: no pretrained weights to fetch.
+        weights = run.flags.weights if run.trains else "none"
         return model.build(self.train_split.num_classes, run.flags.image_size, weights,
                            run.flags.architecture, run.seed, run.flags.batch_norm_momentum)
 

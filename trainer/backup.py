@@ -25,6 +25,7 @@ chief want a backup). A ParameterServer job's coordinator decides alone (`Coordi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import signal
@@ -81,12 +82,19 @@ class Backup:
         self.is_chief = is_chief
         self.every_steps = every_steps
         self.clock = clock
-        self.steps_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, steps_done=self.steps_done)
+        self.model = model
         self.last: tuple[int, int] | None = None  # resume point of the newest backup
         self.last_seconds: float | None = None  # how long it took
         self.saved_at = 0  # steps done at the newest backup
         self.finished_at = clock()
+
+    @functools.cached_property
+    def steps_done(self) -> tf.Variable:
+        return tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
+
+    @functools.cached_property
+    def checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer, steps_done=self.steps_done)
 
     def restore(self) -> int:
         """Loads the newest backup, if there is one; returns the steps it had done (0 without)."""

@@ -120,15 +120,20 @@ class Steps:
         and the optimizer's. `element_spec`: one input pipeline's batches, (x, y[, sample_weight]).
 
         Keras' own `fit` builds them from a batch it reduces over the replicas, which is what
-        fails across workers; here they come from one forward pass over zeros of the batch's shape,
-        and a loss and metrics computed with no update applied (`keras.StatelessScope`)."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(zeros_like_spec(element_spec))
-        with self.strategy.scope():
-            y_pred = self.model(x, training=False)  # creates the model's own variables, if it has none yet
+        fails across workers; here a forward pass, the loss and the metrics are traced from the
+        batch's spec and never run (so no value, a string lookup's, say, is ever checked), with
+        no update applied (`keras.StatelessScope`)."""
+
+        def trace(batch):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            y_pred = self.model(x, training=False)
             # Regularizers read the weights from the scope's mapping.
             with keras.StatelessScope(state_mapping=[(v, v.value) for v in self.model.trainable_variables]):
                 self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
                 self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        with self.strategy.scope():
+            tf.function(trace).get_concrete_function(element_spec)
             if not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
         self.metric_variables = [v for metric in self.model.metrics for v in metric.variables]
@@ -308,7 +313,9 @@ class _PrintEpochs(Events):
               + " - ".join(f"{name}: {value:.4f}" for name, value in shown.items()), flush=True)
 
 
-def fit_model(model: keras.Model, dataset, *, epochs: int, steps_per_epoch: int, validation_data=None,
+def fit_model(model: keras.Model, dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
+              *, epochs: int, steps_per_epoch: int,
+              validation_data: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None,
               validation_steps: int | None = None, backup_dir: str | None = None, verbose: int = 2,
               steps_per_execution: int = 1) -> keras.callbacks.History:
     """`model.fit` for a script of your own, under any strategy, MultiWorkerMirrored included.

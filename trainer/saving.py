@@ -17,6 +17,7 @@ policy; cassava.model says why serving in float32 matters).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -64,7 +65,7 @@ def model_from_checkpoint(task: Task, run: Run, checkpoint: str, element_spec=No
     `element_spec`'s shape."""
     from trainer import loop
 
-    restoring = Run(**{**vars(run), "restoring": True})
+    restoring = dataclasses.replace(run, trains=False)
     with precision.float32_policy():
         model = task.build_model(restoring)
         if not model.built and element_spec is not None:

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from trainer import backup as backup_lib
-from trainer import callbacks, exits, loop, outputs, peers, plan, precision, run_record, saving, storage
+from trainer import callbacks, exits, loop, outputs, peers, plan, run_record, saving, storage
 from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import ConfigError, TrainConfig
@@ -23,8 +23,6 @@ log = logging.getLogger("trainer")
 def run(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str, name: str) -> int:
     """`name`: the command's name, for its error lines."""
     strategy = strategy_lib.create(strategy_name, cluster)  # before any other TensorFlow op
-    # Before any model is built; every task of the job then trains in the same policy.
-    precision.apply(config.mixed_precision, agree=peers.mean_over_tasks(strategy) if cluster.is_distributed else None)
     replicas = strategy.num_replicas_in_sync
     global_batch = config.per_replica_batch_size * replicas
     keras.utils.set_random_seed(config.seed)
@@ -33,8 +31,15 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str, n
     num_pipelines = max(cluster.num_workers, 1)
     steps_per_epoch = plan.steps_per_epoch(config, examples, global_batch)
     validation_steps = plan.validation_steps(config, examples, global_batch)
-    run_info = plan.make_run(config, cluster, strategy_name, replicas_in_sync=replicas, num_input_pipelines=num_pipelines,
-                             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, shuffle_seed=config.seed)
+
+    def make_run():
+        return plan.make_run(config, cluster, strategy_name, replicas_in_sync=replicas, num_input_pipelines=num_pipelines,
+                             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                             shuffle_seed=config.seed)
+
+    # Before the model is built; every task of the job then trains in the same policy.
+    plan.choose_precision(task, make_run(), config, agree=peers.mean_over_tasks(strategy) if cluster.is_distributed else None)
+    run_info = make_run()
     has_validation = task.validation_dataset(run_info, tf.distribute.InputContext()) is not None
     if has_validation and validation_steps is None:
         raise ConfigError("the task has validation data but does not report its size: pass --validation-steps")

@@ -90,9 +90,10 @@ class Run:
     checkpoint_dir: str
     tensorboard_dir: str
     mixed_precision: str  # the Keras policy the job computes in: float32, mixed_bfloat16, mixed_float16
-    # True when the runtime builds the model only to read a checkpoint into it (the export, the
-    # evaluator): pretrained weights need not be loaded, they are overwritten at once.
-    restoring: bool = False
+    # False when the runtime builds the model or a dataset only to look at it, not to train it:
+    # to read a checkpoint into (the export, the evaluator) or to time a batch (--mixed-precision
+    # auto). Skip pretrained weights (they are overwritten or not needed) and side effects then.
+    trains: bool = True
 
     @property
     def global_batch_size(self) -> int:
@@ -109,8 +110,8 @@ class Task:
 
     Class attributes set the defaults of runtime flags that depend on the model:
     `hypertune_metric` (--hypertune-metric), `learning_rate` (--learning-rate) and
-    `mixed_precision` (--mixed-precision: "auto" measures a ResNet50 block on CPUs with bfloat16
-    instructions, which says little about a small dense model; such a task sets "off")."""
+    `mixed_precision` (--mixed-precision; "auto" times the task's own model where that decides,
+    trainer.precision)."""
 
     name: ClassVar[str] = "task"
     hypertune_metric: ClassVar[str] = "loss"
@@ -139,7 +140,8 @@ class Task:
 
     def train_dataset(self, run: Run, context: "tf.distribute.InputContext") -> "tf.data.Dataset":
         """This input pipeline's training batches, as (features, labels) or (features, labels,
-        weights), repeating forever. Shard with `context` (`trainer.inputs.shard`), batch at
+        weights), repeating forever. The runtime may read a batch of it (or of the validation
+        data) before training to time the model in each precision (`run.trains` False then). Shard with `context` (`trainer.inputs.shard`), batch at
         `context.get_per_replica_batch_size(run.global_batch_size)`."""
         raise NotImplementedError(f"{type(self).__name__} must define train_dataset(run, context)")
 
@@ -153,7 +155,7 @@ class Task:
         """The Keras 3 model, uncompiled. Built inside the strategy's scope under the job's
         precision policy: keep the last layer in float32 (`dtype="float32"`) for a stable loss.
         The runtime builds it again, in float32 and outside any strategy, to export it and to
-        evaluate checkpoints (`run.restoring`): it must build the same weights in the same order."""
+        evaluate checkpoints (`run.trains` False): it must build the same weights in the same order."""
         raise NotImplementedError(f"{type(self).__name__} must define build_model(run)")
 
     def loss(self, run: Run) -> Any:

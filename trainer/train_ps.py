@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from trainer import backup as backup_lib
-from trainer import callbacks, exits, loop, outputs, plan, precision, run_record, saving, storage
+from trainer import callbacks, exits, loop, outputs, plan, run_record, saving, storage
 from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
@@ -57,10 +57,6 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     """The coordinator. `name`: the command's name, for its error lines."""
     strategy = strategy_lib.create("parameter_server", cluster)  # before any other TensorFlow op
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    # The coordinator traces the train step that every worker runs, so its policy is the job's;
-    # it decides from its own devices (Vertex gives the chief the workers' machine type). The
-    # export computes in float32 whatever this picks (trainer.saving).
-    precision.apply(config.mixed_precision)
     keras.utils.set_random_seed(config.seed)
     global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync
     # Validation belongs to the side-car evaluator in this mode.
@@ -80,9 +76,17 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     # reads the whole dataset. Unseeded shuffling gives each its own order; a shared --seed would
     # make every worker train on the same sequence.
     workers = cluster.num_workers - 1
-    run_info = plan.make_run(config, cluster, "parameter_server", replicas_in_sync=strategy.num_replicas_in_sync,
+
+    def make_run():
+        return plan.make_run(config, cluster, "parameter_server", replicas_in_sync=strategy.num_replicas_in_sync,
                              num_input_pipelines=1, steps_per_epoch=steps_per_epoch, validation_steps=None,
                              shuffle_seed=None)
+
+    # The coordinator traces the train step that every worker runs, so its policy is the job's;
+    # it decides from its own devices (Vertex gives the chief the workers' machine type). The
+    # export computes in float32 whatever this picks (trainer.saving).
+    plan.choose_precision(task, make_run(), config)
+    run_info = make_run()
     log.info(
         "strategy=parameter_server workers=%d ps=%d batch per step=%d steps_per_epoch=%d "
         "steps_per_execution=%d%s",
