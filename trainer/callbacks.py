@@ -65,12 +65,15 @@ class EpochLog(loop.Events):
 class TensorBoardLog(loop.Events):
     """Each epoch's metrics as TensorBoard scalars, named as Keras' TensorBoard callback names them
     (`epoch_loss` under DIR/train, the val_ ones under DIR/validation), plus the input wait's share;
+    the model's description (its layers and their dtype policies, as Keras' callback writes it);
     and, once, the graph of the train function (`graph`, called after the first step)."""
 
-    def __init__(self, directory: str, graph: Callable[[], tf.Graph] | None = None):
+    def __init__(self, directory: str, model, graph: Callable[[], tf.Graph] | None = None):
         self.train = tf.summary.create_file_writer(outputs.join(directory, "train"))
         self.validation = tf.summary.create_file_writer(outputs.join(directory, "validation"))
         self.graph = graph
+        with self.train.as_default(step=0):
+            tf.summary.text("keras", model.to_json())
 
     def steps_done(self, epoch: int, step: int) -> None:
         if self.graph is not None:

@@ -124,7 +124,7 @@ def between_epochs(task: Task, run: Run, config: TrainConfig, model, *, chief: b
     checkpoints = callbacks.EpochCheckpoints(config.checkpoint_dir, model, chief)
     events: list[loop.Events] = [checkpoints]
     if chief:
-        events.append(callbacks.TensorBoardLog(config.tensorboard_dir, graph))
+        events.append(callbacks.TensorBoardLog(config.tensorboard_dir, model, graph))
     events.append(callbacks.EpochLog(config.epochs, with_metrics=chief))
     if chief:
         events.append(callbacks.HypertuneReport(config.hypertune_metric))
