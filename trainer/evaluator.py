@@ -77,10 +77,8 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             return 2
         try:
             model = saving.model_from_checkpoint(task, run_info, checkpoint, dataset.element_spec)
-        except AssertionError as error:
-            first = str(error).strip().splitlines()[0][:200]
-            raise DataError(f"evaluator: {checkpoint} does not hold this task's model ({first}): the evaluator "
-                            "needs the training job's own flags") from None
+        except saving.CheckpointMismatch as error:
+            raise DataError(f"evaluator: {error}: the evaluator needs the training job's own flags") from None
         except tf.errors.OpError as error:
             # Training may replace a checkpoint while it is read; the next one will do.
             log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint,

@@ -34,6 +34,10 @@ log = logging.getLogger("trainer")
 CHECKPOINT_NAME = "epoch"
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not hold this model's weights. str() is one line."""
+
+
 def weights_checkpoint(model: keras.Model) -> tf.train.Checkpoint:
     return tf.train.Checkpoint(weights=list(model.weights))
 
@@ -71,9 +75,13 @@ def model_from_checkpoint(task: Task, run: Run, checkpoint: str, element_spec=No
         if not model.built and element_spec is not None:
             x, _, _ = keras.utils.unpack_x_y_sample_weight(loop.zeros_like_spec(element_spec))
             model(x, training=False)
-    # (The checkpoint also holds the manager's save counter, which a model has no use for.)
-    weights_checkpoint(model).read(checkpoint).assert_existing_objects_matched().expect_partial()
-    model.compile(loss=task.loss(restoring), metrics=task.metrics(restoring))
+    try:
+        # (The checkpoint also holds the manager's save counter, which a model has no use for.)
+        weights_checkpoint(model).read(checkpoint).assert_existing_objects_matched().expect_partial()
+    except (AssertionError, ValueError) as error:
+        first = str(error).strip().splitlines()[0][:200]
+        raise CheckpointMismatch(f"{checkpoint} does not hold this task's model ({first})") from None
+    model.compile(optimizer=None, loss=task.loss(restoring), metrics=task.metrics(restoring))
     return model
 
 
