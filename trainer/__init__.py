@@ -28,6 +28,6 @@ package may change between releases:
 | commands         | `python -m trainer.run`, `python -m trainer.launch`, `python -m trainer.selfcheck`, `python -m trainer.gpu_stack` |
 
 The runtime's Keras is Keras 3, the one TensorFlow 2.21 ships (`import keras`, and `tf.keras` too):
-nothing here sets TF_USE_LEGACY_KERAS, and a task whose model is a legacy tf_keras one is refused
-with one line (docs/keras.md says why and how to move).
+nothing here selects legacy Keras for anyone, and a task whose model is a legacy tf_keras one is
+refused with one line (docs/keras.md says why and how to move).
 """

@@ -102,8 +102,8 @@ def compile_model(task: Task, run: Run, model: Any) -> None:
         if kind:
             raise ConfigError(
                 f"the {task.name} task's {method} gives a legacy Keras 2 object ({kind}); the runtime trains Keras 3: "
-                "use `import keras` (TensorFlow 2.21's tf.keras is Keras 3 too) and drop tf_keras and "
-                "TF_USE_LEGACY_KERAS (docs/keras.md#from-tf-keras)")
+                "use `import keras` (TensorFlow 2.21's tf.keras is Keras 3 too) instead of tf_keras or the legacy-Keras "
+                "switch (docs/keras.md#from-tf-keras)")
     if not isinstance(model, keras.Model):
         raise ConfigError(f"the {task.name} task's build_model gives {type(model).__module__}.{type(model).__name__}, "
                           "not a keras.Model")

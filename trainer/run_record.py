@@ -32,7 +32,8 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def record(config: TrainConfig, cluster: Cluster, run: Run, history: list[dict], versions: dict[str, str]) -> dict:
+def record(config: TrainConfig, cluster: Cluster, run: Run, history: list[dict], versions: dict[str, str],
+           optimizer: str = "") -> dict:
     settings = {field.name: _plain(getattr(config, field.name)) for field in dataclasses.fields(config)
                 if field.name != "task_flags"}
     return {
@@ -45,6 +46,7 @@ def record(config: TrainConfig, cluster: Cluster, run: Run, history: list[dict],
         "global_batch_size": run.global_batch_size,
         "steps_per_epoch": run.steps_per_epoch,
         "precision": run.mixed_precision,
+        "optimizer": optimizer,  # its class: LossScaleOptimizer under mixed_float16
         "epochs": [{name: round(value, 6) for name, value in logs.items()} for logs in history],
         "versions": versions,
     }
@@ -57,11 +59,11 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__}
 
 
-def write(config: TrainConfig, cluster: Cluster, run: Run, history: list[dict]) -> str:
+def write(config: TrainConfig, cluster: Cluster, run: Run, history: list[dict], optimizer: str = "") -> str:
     """Writes MODEL_DIR/run.json (local or gs://); returns its path."""
     import tensorflow as tf
 
     path = outputs.join(config.model_dir, FILE_NAME)
     with tf.io.gfile.GFile(path, "w") as handle:
-        handle.write(json.dumps(record(config, cluster, run, history, versions()), indent=2) + "\n")
+        handle.write(json.dumps(record(config, cluster, run, history, versions(), optimizer), indent=2) + "\n")
     return path

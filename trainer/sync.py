@@ -99,5 +99,5 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str, n
         summary = task.final_summary(history[-1], run_info) if history else None
         if summary:
             log.info("%s", summary)
-        run_record.write(config, cluster, run_info, history)
+        run_record.write(config, cluster, run_info, history, type(model.optimizer).__name__)
     return exits.OK

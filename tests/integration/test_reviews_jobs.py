@@ -58,11 +58,11 @@ def read_reviews(model_dir, *texts: str) -> dict:
 
 @pytest.fixture(scope="module")
 def preempted_and_resumed(tmp_path_factory, reviews_data):
-    """Two workers, 3 epochs of 40 steps; SIGTERM reaches worker-0 once epoch 2 has begun."""
+    """Two workers, 3 epochs of 150 steps; SIGTERM reaches worker-0 once epoch 2 has begun."""
     tmp_path = tmp_path_factory.mktemp("reviews-mwms")
     out = tmp_path / "out"
     args = ["--workers", "2", "--work-dir", str(tmp_path / "work"), "--grace-period", "30", "--",
-            *task_flags(reviews_data, out, "--epochs", "3", "--steps-per-epoch", "40", "--backup-every-steps", "1000")]
+            *task_flags(reviews_data, out, "--epochs", "3", "--steps-per-epoch", "150", "--backup-every-steps", "1000")]
     code, first = launch_until(args, r"^\[chief-0\] .*trainer: epoch 2/3 begins$",
                                lambda so_far, _: os.kill(int(re.search(r"started worker-0 \(pid (\d+)\)", so_far).group(1)),
                                                          signal.SIGTERM), env=reviews_env())
@@ -86,7 +86,7 @@ def test_a_sigterm_mid_epoch_saves_on_both_workers_and_the_rerun_resumes_at_that
 
 def test_both_workers_end_with_the_same_weights_and_only_the_chief_saves(preempted_and_resumed):
     _, _, second, out = preempted_and_resumed
-    fingerprints = {task: re.findall(rf"^\[{task}\] .*trainer: trained 3 epochs of 40 steps; weights (\w+)", second.stdout, re.M)
+    fingerprints = {task: re.findall(rf"^\[{task}\] .*trainer: trained 3 epochs of 150 steps; weights (\w+)", second.stdout, re.M)
                     for task in ("chief-0", "worker-0")}
     assert len(fingerprints["chief-0"]) == 1 and fingerprints["chief-0"] == fingerprints["worker-0"], fingerprints
     assert not re.search(r"^\[worker-0\] .*saved model", second.stdout, re.M)
