@@ -37,6 +37,8 @@ import sys
 
 import tensorflow as tf
 
+from trainer import inputs
+
 # --cache-images auto caches when the estimate fits in this fraction of available memory.
 CACHE_MEMORY_FRACTION = 0.25
 
@@ -84,11 +86,6 @@ class PipelineOptions:
     max_bad_examples: int = 100  # undecodable images skipped per pass before the pipeline fails
 
 
-def sharding_mode(num_files: int, num_pipelines: int) -> str:
-    """FILE when every input pipeline can get at least one whole file, else DATA."""
-    return "FILE" if num_pipelines <= 1 or num_files >= num_pipelines else "DATA"
-
-
 def should_cache(mode: str, num_examples: int, image_size: int, num_pipelines: int,
                  examples_read: int | None = None) -> bool:
     """--cache-images: always, never, or auto (when this worker's share fits in memory and the job
@@ -119,8 +116,8 @@ def encoded_records(split: Split, context: tf.distribute.InputContext, training:
     shuffled through a buffer of `shuffle_buffer` records when it is not 0. `record_parser(split)`
     reads a record; the index is into `file_names(split)`, so that a bad label can name its file
     (an int64 per record costs less than carrying the name, a heap-allocated string, along)."""
-    num_pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-    file_sharding = sharding_mode(split.num_files, num_pipelines) == "FILE"
+    num_pipelines = context.num_input_pipelines
+    file_sharding = inputs.sharding_mode(split.num_files, num_pipelines) == inputs.FILE
     # Record-level (DATA) sharding keeps every N-th record, so every worker must see the records
     # in the same order: no file shuffling and a deterministic interleave before the shard.
     shuffle_files = training and (file_sharding or num_pipelines == 1)
@@ -129,8 +126,7 @@ def encoded_records(split: Split, context: tf.distribute.InputContext, training:
         dataset = tf.data.Dataset.zip((dataset, tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()))
     else:
         files = tf.data.Dataset.from_tensor_slices((list(split.files), tf.range(len(split.files), dtype=tf.int64)))
-        if file_sharding:
-            files = files.shard(num_pipelines, index)
+        files = inputs.shard_files(files, split.num_files, context)
         if shuffle_files:
             files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
         dataset = files.interleave(
@@ -140,8 +136,7 @@ def encoded_records(split: Split, context: tf.distribute.InputContext, training:
             num_parallel_calls=parallel_reads(split.files),
             deterministic=not shuffle_files,
         )
-    if not file_sharding and num_pipelines > 1:
-        dataset = dataset.shard(num_pipelines, index)
+    dataset = inputs.shard_records(dataset, split.num_files, context)
     if shuffle_buffer:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return dataset
@@ -372,7 +367,7 @@ def decode_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
 def make_dataset(
     split: Split, options: PipelineOptions, context: tf.distribute.InputContext | None = None
 ) -> tf.data.Dataset:
-    """This worker's batches of ({"image": uint8 NHWC}, label); training data repeats forever."""
+    """This worker's batches of (uint8 NHWC images, labels); training data repeats forever."""
     context = context or tf.distribute.InputContext()
     # Records are shuffled encoded, before decoding: the buffer holds JPEGs, a tenth of the decoded
     # images' bytes, and every image is batched straight after its decode (decoded_batches). From
@@ -415,7 +410,7 @@ def make_dataset(
             dataset = first_pass.repeat()  # the records are reshuffled on every pass
     if options.trace_path:
         dataset = dataset.map(_tracer(options.trace_path))
-    dataset = dataset.map(lambda b: ({"image": b["image"]}, b["label"]))
+    dataset = dataset.map(lambda b: (b["image"], b["label"]))
 
     dataset_options = tf.data.Options()
     # Sharding is done above, before decoding; tf.distribute must not shard again.

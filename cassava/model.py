@@ -8,9 +8,8 @@ float32 would need and caches images at the size the model takes.
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
-
-from trainer import precision
 
 HEAD_UNITS = 1024
 # ResNet50's ImageNet preprocessing ("caffe" mode): BGR channel order, mean subtracted.
@@ -32,8 +31,8 @@ CROP_FRACTION = 7 / 8
 BATCH_NORM_MOMENTUM = 0.9
 
 
-@tf.keras.utils.register_keras_serializable(package="trainer")
-class ResNetPreprocess(tf.keras.layers.Layer):
+@keras.saving.register_keras_serializable(package="cassava")
+class ResNetPreprocess(keras.layers.Layer):
     """uint8 RGB -> float BGR minus the ImageNet mean, in the layer's compute dtype."""
 
     def call(self, images):
@@ -41,8 +40,8 @@ class ResNetPreprocess(tf.keras.layers.Layer):
         return images - tf.constant(IMAGENET_BGR_MEAN, dtype=self.compute_dtype)
 
 
-@tf.keras.utils.register_keras_serializable(package="trainer")
-class RandomCropFlip(tf.keras.layers.Layer):
+@keras.saving.register_keras_serializable(package="cassava")
+class RandomCropFlip(keras.layers.Layer):
     """In training, each image becomes a random square crop of `crop_fraction` of its side,
     flipped left-right and up-down at random, resized back to the input size; otherwise the
     layer passes images through untouched, so evaluation and serving see the whole image.
@@ -82,39 +81,39 @@ class RandomCropFlip(tf.keras.layers.Layer):
 
 
 def build(num_classes: int, image_size: int, weights: str, architecture: str = "resnet50", seed: int = 0,
-          batch_norm_momentum: float = BATCH_NORM_MOMENTUM) -> tf.keras.Model:
+          batch_norm_momentum: float = BATCH_NORM_MOMENTUM) -> keras.Model:
     """`weights`: "imagenet", "none" or a path to a ResNet50 (no-top) weights file;
     `batch_norm_momentum`: ResNet50's (cassava.task's --batch-norm-momentum)."""
-    images = tf.keras.Input(shape=(image_size, image_size, 3), dtype=tf.uint8, name="image")
+    images = keras.Input(shape=(image_size, image_size, 3), dtype="uint8", name="image")
     x = ResNetPreprocess(name="preprocess")(images)
     x = RandomCropFlip(seed=seed, name="augment")(x)
     if architecture == "resnet50":
-        base = tf.keras.applications.ResNet50(
+        base = keras.applications.ResNet50(
             include_top=False,
             weights=None if weights == "none" else weights,
             input_shape=(image_size, image_size, 3),
             pooling="avg",
         )
         for layer in base.layers:
-            if isinstance(layer, tf.keras.layers.BatchNormalization):
+            if isinstance(layer, keras.layers.BatchNormalization):
                 layer.momentum = batch_norm_momentum
         x = base(x)
     elif architecture == "small":
         # A few conv layers: the same pipeline, strategy and save paths at a fraction of the cost,
         # for smoke runs and the failure tests.
         for filters in (16, 32, 128):
-            x = tf.keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(x)
-        x = tf.keras.layers.GlobalAveragePooling2D()(x)
+            x = keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
     else:
         raise ValueError(f"unknown architecture {architecture!r}")
-    x = tf.keras.layers.Dense(HEAD_UNITS, activation="relu", name="head")(x)
+    x = keras.layers.Dense(HEAD_UNITS, activation="relu", name="head")(x)
     # float32 softmax even under mixed precision, for a numerically stable loss.
-    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="predictions")(x)
-    return tf.keras.Model(images, outputs, name=f"cassava_{architecture}")
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="predictions")(x)
+    return keras.Model(images, outputs, name=f"cassava_{architecture}")
 
 
-@tf.keras.utils.register_keras_serializable(package="trainer")
-class LinearWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):
+@keras.saving.register_keras_serializable(package="cassava")
+class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
     """`rate` * (step + 1) / `steps` for the first `steps` steps, then `rate`."""
 
     def __init__(self, rate: float, steps: int):
@@ -147,27 +146,6 @@ def metrics() -> list:
     return ["accuracy"]
 
 
-def optimizer(learning_rate: float, warmup: int = 0) -> tf.keras.optimizers.Optimizer:
+def optimizer(learning_rate: float, warmup: int = 0) -> keras.optimizers.Optimizer:
     """Adam, its rate ramped up linearly over `warmup` steps (warmup_steps), 0 for none."""
-    return tf.keras.optimizers.Adam(LinearWarmup(learning_rate, warmup) if warmup else learning_rate)
-
-
-def float32_copy(model: tf.keras.Model, num_classes: int, image_size: int, architecture: str, seed: int = 0
-                 ) -> tf.keras.Model:
-    """`model`'s weights in a model of the same architecture that computes in float32, built
-    outside any distribution strategy, without an optimizer: what the job exports.
-
-    Why float32 whatever the job trained in: the machine that serves the model is not the one
-    that trained it. A bfloat16 graph runs several times slower on a CPU without bfloat16
-    instructions (emulated: about 6x for a ResNet50 step, trainer.precision), and its answers
-    differ between TensorFlow versions by rounding (4e-3 in probability, TF 2.15 against 2.21).
-    The weights are float32 under every policy, so nothing is lost.
-
-    Under MultiWorkerMirroredStrategy reading the weights is a collective (a batch-normalisation
-    statistic is read as the mean over the workers): every task must call this.
-    """
-    weights = model.get_weights()
-    with precision.float32_policy():
-        copy = build(num_classes, image_size, "none", architecture, seed)
-    copy.set_weights(weights)
-    return copy
+    return keras.optimizers.Adam(LinearWarmup(learning_rate, warmup) if warmup else learning_rate)

@@ -7,8 +7,9 @@
 - `serving_pixels` takes `image`, uint8 [N, size, size, 3], already decoded and resized.
 
 Both return `probabilities` (float32 [N, classes]), `class_index` (int64 [N]) and `class_name`
-(string [N], from the dataset's class names). Callers pass a float32 model
-(`cassava.model.float32_copy`), whatever the job trained in.
+(string [N], from the dataset's class names). The runtime hands the export a float32 model,
+whatever the job trained in (trainer.saving). Written with Keras 3's `ExportArchive`: what it
+saves is a plain TensorFlow SavedModel, which any TensorFlow server loads without Keras.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import time
 from typing import Sequence
 
+import keras
 import tensorflow as tf
 
 from cassava import data
@@ -26,7 +28,7 @@ PIXELS_SIGNATURE = "serving_pixels"
 BYTES_INPUT = "image_bytes"
 
 
-def signatures(model: tf.keras.Model, class_names: Sequence[str], image_size: int) -> dict:
+def signatures(model: keras.Model, class_names: Sequence[str], image_size: int) -> dict:
     names = tf.constant(list(class_names))
 
     def answer(images):
@@ -50,15 +52,19 @@ def signatures(model: tf.keras.Model, class_names: Sequence[str], image_size: in
 log = logging.getLogger("trainer")
 
 
-def save(model: tf.keras.Model, path: str, class_names: Sequence[str], image_size: int) -> None:
-    """Saves the Keras model as a SavedModel with both signatures, and logs its size and time.
+def save(model: keras.Model, path: str, class_names: Sequence[str], image_size: int) -> None:
+    """Saves the model as a SavedModel with both signatures, and logs its size and time.
 
-    Without the optimizer: Adam's two slots per weight are two thirds of what a model with them
-    stores, serving reads none of them, and every byte is written to the bucket at the end of
-    the job and read again at deploy. Training state lives in the checkpoints and the backup.
+    The model's weights only, no optimizer: Adam's two slots per weight would be two thirds of
+    what it stores, serving reads none of them, and every byte is written to the bucket at the end
+    of the job and read again at deploy. Training state lives in the checkpoints and the backup.
     """
     started = time.monotonic()
-    model.save(path, include_optimizer=False, signatures=signatures(model, class_names, image_size))
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    for name, function in signatures(model, class_names, image_size).items():
+        archive.add_endpoint(name, function)
+    archive.write_out(path, verbose=False)
     size = directory_bytes(path)
     log.info("exported %s: %.1f MB in %.1fs", path, size / 1e6, time.monotonic() - started)
 

@@ -8,8 +8,7 @@ how it trains on a cluster (strategy, batch, precision, backups, saving, evaluat
 the runtime's (trainer.fit); this module says only what the cassava model and data are, through
 the same public interface any user's task has.
 
-TensorFlow is imported inside the methods: the images' stderr relay forks before the command
-imports TensorFlow (trainer.relay), and `python -m cassava.task` imports this module first.
+TensorFlow is imported inside the methods, so that `--help` and a flag error answer at once.
 """
 
 from __future__ import annotations
@@ -35,15 +34,6 @@ CACHE_MODES = ("auto", "always", "never")
 DEFAULT_BATCH_NORM_MOMENTUM = 0.9
 
 
-def momentum(text: str) -> float:
-    """A flag type: a number in [0, 1), else a one-line argparse error."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
-    return value
 ARCHITECTURES = ("resnet50", "small")
 
 
@@ -97,7 +87,7 @@ class CassavaTask(Task):
             help="ResNet50 initial weights: imagenet, none, or a path to a weights file",
         )
         parser.add_argument(
-            "--batch-norm-momentum", type=momentum, default=DEFAULT_BATCH_NORM_MOMENTUM,
+            "--batch-norm-momentum", type=cli.fraction, default=DEFAULT_BATCH_NORM_MOMENTUM,
             help="ResNet50's batch-normalisation momentum: the weight of the old moving statistics at each step. "
             f"{DEFAULT_BATCH_NORM_MOMENTUM} by default, from scratch and fine-tuning (cassava/model.py says why); "
             "Keras' own is 0.99 (benchmarks/time_to_accuracy.py runs both)",
@@ -154,9 +144,10 @@ class CassavaTask(Task):
 
     def train_dataset(self, run: Run, context):
         from cassava import data
+        from trainer import inputs
 
         trace_path = None
-        if run.flags.trace_input_dir:
+        if run.flags.trace_input_dir and run.trains:
             if run.strategy == "parameter_server":
                 log.warning("--trace-input-dir is ignored under parameter_server: datasets run on remote workers")
             else:
@@ -164,7 +155,7 @@ class CassavaTask(Task):
                 trace_path = os.path.join(run.flags.trace_input_dir, f"{run.task_name}.ids")
         options = self._options(run, self.train_split, True, run.examples_per_pipeline, trace_path)
         log.info("data: train_examples=%d sharding=%s (%d files over %d input pipelines)",
-                 self.train_split.num_examples, data.sharding_mode(self.train_split.num_files, context.num_input_pipelines),
+                 self.train_split.num_examples, inputs.sharding_mode(self.train_split.num_files, context.num_input_pipelines),
                  self.train_split.num_files, context.num_input_pipelines)
         return data.make_dataset(self.train_split, options, context)
 
@@ -181,7 +172,9 @@ class CassavaTask(Task):
     def build_model(self, run: Run):
         from cassava import model
 
-        return model.build(self.train_split.num_classes, run.flags.image_size, run.flags.weights,
+        # Built to read a checkpoint into or to time it: no pretrained weights to fetch.
+        weights = run.flags.weights if run.trains else "none"
+        return model.build(self.train_split.num_classes, run.flags.image_size, weights,
                            run.flags.architecture, run.seed, run.flags.batch_norm_momentum)
 
     def loss(self, run: Run):
@@ -200,16 +193,11 @@ class CassavaTask(Task):
         return model.optimizer(run.learning_rate, model.warmup_steps(run.flags.weights, run.steps_per_epoch))
 
     def export(self, trained, path: str, run: Run) -> None:
-        """The model computes in float32 whatever the job trained in (cassava.model.float32_copy
-        says why), with the training's loss and metric compiled in (tf-keras's save builds the
-        compiled metrics of the model it saves, and warns on stderr when there are none), and
-        the serving signatures cassava.signature writes."""
-        from cassava import model, signature
+        """A SavedModel with the serving signatures cassava.signature writes (the runtime hands
+        over the model in float32, trainer.saving)."""
+        from cassava import signature
 
-        copy = model.float32_copy(trained, self.train_split.num_classes, run.flags.image_size,
-                                  run.flags.architecture, run.seed)
-        copy.compile(loss=model.LOSS, metrics=model.metrics())
-        signature.save(copy, path, self.train_split.class_names, run.flags.image_size)
+        signature.save(trained, path, self.train_split.class_names, run.flags.image_size)
 
     def describe_error(self, error: BaseException, run: Run) -> str | None:
         """The input pipeline's "too many undecodable images" and "label outside the classes"."""

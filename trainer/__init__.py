@@ -1,14 +1,16 @@
-"""The multi-worker TensorFlow runtime these images carry, for any model.
+"""The multi-worker TensorFlow runtime these images carry, for any Keras 3 model.
 
 Two ways in (docs/your-own-code.md):
 
 1. Your script, unchanged: `python -m trainer.run -- python task.py` resolves the cluster on
    every platform into TF_CONFIG, sets the output directories, relays stderr at Cloud Logging's
    severity, forwards SIGTERM and maps the exit status to the exit-code contract (trainer.exits).
+   A Keras 3 script whose `model.fit` cannot run across workers calls `trainer.loop.fit_model`
+   in its place (docs/keras.md).
 2. Your Keras model: subclass `trainer.tasks.Task` and hand it to `trainer.fit`; the job then gets
-   the strategy, global batch, sharding, precision agreement, step backups and the SIGTERM vote,
-   lost-peer exits, chief-only saving, the side-car evaluator, the tuning report, profiles and
-   the input-wait line.
+   the strategy, the training loop (trainer.loop), global batch, sharding, precision agreement,
+   step backups and the SIGTERM vote, lost-peer exits, chief-only saving, the side-car evaluator,
+   the tuning report, profiles and the input-wait line.
 
 The public names, each documented and typed where it is defined; everything else in this
 package may change between releases:
@@ -17,20 +19,15 @@ package may change between releases:
 |------------------|-----------------------------------------------------------------------|
 | trainer.tasks    | Task, Run, Examples, DataError                                         |
 | trainer.fit      | run, main, build_parser, load_task; `python -m trainer.fit --task M`    |
-| trainer.inputs   | shard, per_replica_batch, without_autoshard                            |
-| trainer.cli      | OneLineParser, whole_number, at_least, positive_int, non_negative_int, positive_float |
+| trainer.loop     | fit_model, Steps, fit, Events                                          |
+| trainer.inputs   | shard, shard_files, shard_records, sharding_mode, FILE, DATA, without_autoshard |
+| trainer.cli      | OneLineParser, whole_number, at_least, positive_int, non_negative_int, positive_float, fraction |
 | trainer.precision| float32_policy                                                         |
-| trainer.relay    | run (a command's `__main__` in the images)                             |
 | trainer.cluster  | resolve, environ_with_hostname, Cluster, ClusterConfigError; `python -m trainer.cluster` |
 | trainer.exits    | OK, CONFIG, RETRYABLE                                                  |
 | commands         | `python -m trainer.run`, `python -m trainer.launch`, `python -m trainer.selfcheck`, `python -m trainer.gpu_stack` |
 
-Legacy Keras (tf-keras) is selected here, before any module of this package can import
-TensorFlow: Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy once two real worker
-processes run, and does not support ParameterServerStrategy at all. TensorFlow reads the variable
-once, at its first import, so it must be set before that.
+The runtime's Keras is Keras 3, the one TensorFlow 2.21 ships (`import keras`, and `tf.keras` too):
+nothing here selects legacy Keras for anyone, and a task whose model is a legacy tf_keras one is
+refused with one line (docs/keras.md says why and how to move).
 """
-
-import os
-
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -1,83 +1,147 @@
-"""Keras callbacks of our own: progress lines the launcher and tests can read, and the
-hyperparameter-tuning report."""
+"""What the runtime does between epochs (trainer.loop.Events): the epoch log, TensorBoard's
+scalars, the per-epoch checkpoints the evaluator watches, and the hyperparameter-tuning report.
+
+`Composite` runs several in order: the order of the list is the order they run in."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from trainer import input_wait
+from trainer import hypertune, input_wait, loop, outputs
 
 log = logging.getLogger("trainer")
 
 
-class EpochLog(tf.keras.callbacks.Callback):
-    """Logs `epoch N/M begins` and `epoch N/M ends`, the end with the epoch's metrics and time
-    when `with_metrics`. It replaces Keras' own progress lines (fit runs with verbose=0): one
-    line format on every task, and the metrics once per job, from the chief, where every worker
-    would otherwise print the same all-reduced numbers again. After BackupAndRestore in the
-    callback list, so a resumed run's first line names the epoch it resumed at.
+class Composite(loop.Events):
+    def __init__(self, events: Sequence[loop.Events]):
+        self.events = list(events)
 
-    After the metrics, a line says what share of the steps' time went to waiting for input
-    (trainer.input_wait)."""
+    def epoch_begin(self, epoch: int) -> None:
+        for events in self.events:
+            events.epoch_begin(epoch)
 
-    def __init__(self, epochs: int, with_metrics: bool = True, summary: Callable[[dict], str | None] | None = None):
-        """`summary`: from the last epoch's metrics, a line to log at the end (the task's
-        `final_summary`), or None."""
-        super().__init__()
+    def steps_done(self, epoch: int, step: int) -> None:
+        for events in self.events:
+            events.steps_done(epoch, step)
+
+    def epoch_end(self, epoch: int, logs: dict) -> None:
+        for events in self.events:
+            events.epoch_end(epoch, logs)
+
+
+def metrics_only(logs: dict) -> dict:
+    """An epoch's logs without the input wait's figures and the epoch's seconds."""
+    return {name: value for name, value in logs.items()
+            if name not in (input_wait.METRIC, input_wait.WAITED, input_wait.STEPPED, "seconds")}
+
+
+class EpochLog(loop.Events):
+    """`epoch N/M begins` and `epoch N/M ends`, the end with the epoch's metrics and time when
+    `with_metrics` (the chief's: every worker would print the same all-reduced numbers again),
+    then the input-wait line (trainer.input_wait). One line format on every task."""
+
+    def __init__(self, epochs: int, with_metrics: bool = True):
         self.epochs = epochs
         self.with_metrics = with_metrics
-        self.summary = summary
-        self.started = time.monotonic()
-        self.last_logs: dict = {}
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self.started = time.monotonic()
-        log.info("epoch %d/%d begins", epoch + 1, self.epochs)
+    def epoch_begin(self, epoch: int) -> None:
+        log.info("epoch %d/%d begins", epoch, self.epochs)
 
-    def on_epoch_end(self, epoch, logs=None):
-        logs = dict(logs or {})
-        waiting = input_wait.pop(logs)
-        self.last_logs = logs
+    def epoch_end(self, epoch: int, logs: dict) -> None:
         if not self.with_metrics:
-            log.info("epoch %d/%d ends", epoch + 1, self.epochs)
+            log.info("epoch %d/%d ends", epoch, self.epochs)
             return
-        metrics = " ".join(f"{name}={value:.4f}" for name, value in sorted(logs.items()))
-        log.info("epoch %d/%d ends: %s (%.1fs)", epoch + 1, self.epochs, metrics, time.monotonic() - self.started)
+        metrics = " ".join(f"{name}={value:.4f}" for name, value in sorted(metrics_only(logs).items()))
+        log.info("epoch %d/%d ends: %s (%.1fs)", epoch, self.epochs, metrics, logs.get("seconds", 0.0))
+        waiting = input_wait.pop(dict(logs))
         if waiting is not None:
-            log.info("epoch %d/%d %s", epoch + 1, self.epochs, input_wait.describe(*waiting))
+            log.info("epoch %d/%d %s", epoch, self.epochs, input_wait.describe(*waiting))
 
 
-    def on_train_end(self, logs=None):
-        if self.with_metrics and self.summary:
-            line = self.summary(self.last_logs)
-            if line:
-                log.info("%s", line)
+class TensorBoardLog(loop.Events):
+    """Each epoch's metrics as TensorBoard scalars, named as Keras' TensorBoard callback names them
+    (`epoch_loss` under DIR/train, the val_ ones under DIR/validation), plus the input wait's share;
+    the model's description (its layers and their dtype policies, as Keras' callback writes it);
+    and, once, the graph of the train function (`graph`, called after the first step)."""
+
+    def __init__(self, directory: str, model, graph: Callable[[], tf.Graph] | None = None):
+        self.train = tf.summary.create_file_writer(outputs.join(directory, "train"))
+        self.validation = tf.summary.create_file_writer(outputs.join(directory, "validation"))
+        self.graph = graph
+        with self.train.as_default(step=0):
+            tf.summary.text("keras", model.to_json())
+
+    def steps_done(self, epoch: int, step: int) -> None:
+        if self.graph is not None:
+            graph, self.graph = self.graph(), None
+            with self.train.as_default():
+                tf.summary.graph(graph)
+
+    def epoch_end(self, epoch: int, logs: dict) -> None:
+        values = metrics_only(logs)
+        if input_wait.METRIC in logs:
+            values[input_wait.METRIC] = logs[input_wait.METRIC]
+        for writer, names in ((self.train, [n for n in values if not n.startswith("val_")]),
+                              (self.validation, [n for n in values if n.startswith("val_")])):
+            with writer.as_default(step=epoch):
+                for name in names:
+                    tf.summary.scalar(f"epoch_{name.removeprefix('val_')}", values[name])
+            writer.flush()
 
 
-class HypertuneReport(tf.keras.callbacks.Callback):
-    """Reports one metric per epoch to Vertex AI / AI Platform tuning through cloudml-hypertune.
+class EpochCheckpoints(loop.Events):
+    """The model's weights after every epoch, `CHECKPOINT_DIR/epoch-N`, for the side-car evaluator
+    and the export (trainer.saving). Weights only: the backup holds the optimizer. Under
+    MultiWorkerMirroredStrategy every worker writes (a collective); only the chief's is kept."""
 
-    The validation value is reported when there is one, else the training value. Only the chief
-    gets this callback: every process would write its own metrics file.
-    """
+    def __init__(self, checkpoint_dir: str, model, is_chief: bool):
+        from trainer import saving
 
-    def __init__(self, metric: str):
-        super().__init__()
-        import hypertune
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint = saving.weights_checkpoint(model)
+        self.is_chief = is_chief
+        self.last: str | None = None
 
+    def epoch_end(self, epoch: int, logs: dict) -> None:
+        from trainer import saving
+
+        self.last = saving.write_weights(self.checkpoint, self.checkpoint_dir, epoch, self.is_chief)
+
+
+class HypertuneReport(loop.Events):
+    """Reports one metric per epoch to Vertex AI hyperparameter tuning (trainer.hypertune): the
+    validation value when there is one, else the training value. The chief's only."""
+
+    def __init__(self, metric: str, reporter: hypertune.Reporter | None = None):
         self.metric = metric
-        self.reporter = hypertune.HyperTune()
+        self.reporter = reporter or hypertune.Reporter()
+        self.warned = False
 
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
+    def epoch_end(self, epoch: int, logs: dict) -> None:
         value = logs.get(f"val_{self.metric}", logs.get(self.metric))
         if value is None:
-            log.warning("hypertune: no metric %r in %s", self.metric, sorted(logs))
+            if not self.warned:
+                log.warning("hypertune: no metric %r among %s (--hypertune-metric)", self.metric,
+                            ", ".join(sorted(metrics_only(logs))))
+                self.warned = True
             return
-        self.reporter.report_hyperparameter_tuning_metric(
-            hyperparameter_metric_tag=self.metric, metric_value=float(value), global_step=epoch + 1
-        )
+        try:
+            self.reporter.report(self.metric, value, epoch)
+        except OSError as error:
+            log.warning("hypertune: cannot write %s (%s): this trial's metric is not reported",
+                        self.reporter.path, error.strerror or error)
+
+
+class Timer:
+    """Seconds since it was made; for the final lines."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.started = clock()
+
+    def seconds(self) -> float:
+        return self.clock() - self.started

@@ -60,3 +60,14 @@ def positive_float(text: str) -> float:
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def fraction(text: str) -> float:
+    """A flag type: a number at least 0 and below 1 (a dropout rate, a momentum), nan refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value

@@ -140,7 +140,7 @@ def build_parser(task: Task, prog: str = "python -m trainer.fit") -> tuple[argpa
         "--mixed-precision", choices=precision.CHOICES, default=task.mixed_precision,
         help="compute dtype; variables stay float32. auto: float16 when every "
         "local GPU has compute capability 7.0+; on a CPU with bfloat16 instructions (AVX512-BF16, "
-        "AMX), bfloat16 if a few seconds' measurement at start finds it 1.15x faster, agreed by "
+        "AMX), bfloat16 if timing the task's own model at start finds it 1.15x faster, agreed by "
         "every task; else float32. float16|bfloat16|off pin a policy (never measured); off: float32",
     )
     speed.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")

@@ -16,7 +16,7 @@ import time
 
 import tensorflow as tf
 
-from trainer import outputs, plan, precision, saving
+from trainer import outputs, plan, saving
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 from trainer.tasks import DataError, Task
@@ -30,6 +30,7 @@ class EvaluatorTimeout(RuntimeError):
 
 
 def checkpoint_epoch(path: str) -> int:
+    """The epoch of a checkpoint trainer.saving wrote (`.../epoch-3`), -1 for anything else."""
     match = re.search(r"epoch-(\d+)$", path)
     return int(match.group(1)) if match else -1
 
@@ -52,16 +53,18 @@ def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: floa
 
 def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     """`name`: the command's name, for its error lines."""
-    # Variables are float32 under every policy, so any training policy's checkpoints load here.
-    precision.apply(config.mixed_precision)
-    task.prepare(config.task_flags)
+    # It evaluates in float32 whatever the job trains in (trainer.saving builds the model so).
+    examples = task.prepare(config.task_flags)
+    # The whole validation set each time, unless --validation-steps says otherwise.
+    steps = plan.validation_steps(config, examples, config.per_replica_batch_size)
     run_info = plan.make_run(config, cluster, "evaluator", replicas_in_sync=1, num_input_pipelines=1,
-                             steps_per_epoch=config.steps_per_epoch or 1,
-                             validation_steps=config.validation_steps, shuffle_seed=config.seed)
+                             steps_per_epoch=config.steps_per_epoch or 1, validation_steps=steps,
+                             shuffle_seed=config.seed)
     dataset = task.validation_dataset(run_info, tf.distribute.InputContext())
     if dataset is None:
         raise DataError(f"the evaluator needs validation data, and the {task.name} task has none with these flags")
-    steps = config.validation_steps  # None: the whole validation dataset, which is not repeated here
+    if steps is not None:
+        dataset = dataset.repeat()  # exactly `steps` batches, however the last one falls
     writer = tf.summary.create_file_writer(outputs.join(config.tensorboard_dir, "eval"))
     log.info("evaluator: watching %s for epochs up to %d", config.checkpoint_dir, config.epochs)
 
@@ -73,10 +76,14 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             print(f"{name}: error: evaluator: {error}", file=sys.stderr)
             return 2
         try:
-            model = saving.model_from_checkpoint(task, run_info, checkpoint)
-        except (tf.errors.OpError, ValueError) as error:
+            model = saving.model_from_checkpoint(task, run_info, checkpoint, dataset.element_spec)
+        except saving.CheckpointMismatch as error:
+            raise DataError(f"evaluator: {error}: the evaluator needs the training job's own flags") from None
+        except tf.errors.OpError as error:
             # Training may replace a checkpoint while it is read; the next one will do.
-            log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint, error)
+            log.warning("evaluator: could not read %s (%s); waiting for the next", checkpoint,
+                        (error.message or "").splitlines()[0][:200])
+            time.sleep(POLL_SECONDS)
             continue
         with plan.data_errors(task, run_info):
             results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)

@@ -16,8 +16,8 @@ hands over to the code for its role:
 | evaluator                              | trainer.evaluator              |
 
 Configuration and data errors end the process with one line on stderr and exit code 2
-(trainer.exits has the whole contract). A healthy job writes nothing to stderr in the images
-(trainer.relay).
+(trainer.exits has the whole contract). In the images the command runs under `python -m
+trainer.run`, which relays its stderr at Cloud Logging's severity.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Sequence
 
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
-from trainer import logs, relay
+from trainer import logs
 from trainer import strategy as strategy_lib
 from trainer.tasks import DataError, Task
 
@@ -118,13 +118,14 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
     prepare_environment(cluster, strategy_name, os.environ)
 
     from trainer import storage
+    from trainer.backup import BackupMismatch
 
     try:
         # Every task, before anything writes: makedirs under a missing bucket never returns.
         storage.check_buckets([config.model_dir, config.checkpoint_dir, config.tensorboard_dir,
                                *task.input_paths(config.task_flags)])
         return _run_role(task, config, cluster, strategy_name, name)
-    except (StartupError, DataError, config_lib.ConfigError, storage.StorageError) as error:
+    except (StartupError, DataError, config_lib.ConfigError, storage.StorageError, BackupMismatch) as error:
         print(f"{name}: error: {error}", file=sys.stderr)
         return 2
     except Exception as error:
@@ -190,9 +191,8 @@ def load_task(reference: str) -> Task:
 
 
 def run(task: Task, argv: Sequence[str] | None = None) -> None:
-    """A task module's `__main__`: the images' stderr relay first where they ask for it, then the
-    task in this process's role; exits with main's code."""
-    relay.run(lambda: main(task, argv))
+    """A task module's `__main__`: the task in this process's role; exits with main's code."""
+    sys.exit(main(task, argv))
 
 
 def _main_from_command_line() -> int:
@@ -220,4 +220,4 @@ def _main_from_command_line() -> int:
 
 
 if __name__ == "__main__":
-    relay.run(_main_from_command_line)
+    sys.exit(_main_from_command_line())

@@ -6,13 +6,15 @@ devices, sets the global policy (before any model is built) and logs the choice 
 
 auto picks the fastest policy for the machine it runs on:
 - mixed_float16 when there are GPUs and every one has compute capability 7.0 or more (tensor cores);
-- on a machine without GPUs whose CPU has bfloat16 instructions (AVX512-BF16 or AMX), it measures:
-  a ResNet50 bottleneck block's forward and backward pass, a few times in float32 and in bfloat16
-  (`measure_cpu`, a few seconds), and takes mixed_bfloat16 only when that is at least
-  BFLOAT16_MARGIN faster. The flags cannot decide it: on one AVX512-BF16 CPU without AMX a ResNet50
-  step ran at 0.74-0.8x float32 in bfloat16, on another (AMD EPYC, family 26) at 1.3-1.9x. Every
-  task of a synchronous job decides on the mean of all tasks' figures (one all-reduce), so all
-  train in the same policy;
+- on a machine without GPUs whose CPU has bfloat16 instructions (AVX512-BF16 or AMX), it measures
+  the task's own model: its forward and backward pass on a batch of its data, built once in float32
+  and once in bfloat16 (`measure_model`), and takes mixed_bfloat16 only when that is at least
+  BFLOAT16_MARGIN faster. Neither the flags nor any one model can decide it for every model: on
+  one AVX512-BF16 CPU without AMX a ResNet50 step ran at 0.74-0.8x float32 in bfloat16, on another
+  (AMD EPYC, family 26) at 1.3-1.9x; there, an MLP of a few thousand weights and a small convnet
+  on 32 px images ran at 0.84x and 0.95x, the same convnet on 96 px images and a transformer
+  block at 1.3-1.4x (benchmarks/precision.py). Every task of a synchronous job decides on the
+  mean of all tasks' figures (one all-reduce), so all train in the same policy;
 - float32 otherwise (without bfloat16 instructions it is emulated, about 6x slower).
 Under both mixed policies the variables stay float32 and the model's softmax is float32, so
 checkpoints load into a model built under any policy.
@@ -73,10 +75,11 @@ class Choice:
 
 @dataclasses.dataclass(frozen=True)
 class Speeds:
-    """Milliseconds per step of the same work in float32 and in bfloat16 (measure_cpu)."""
+    """Milliseconds per step of the same work in float32 and in bfloat16 (measure_model)."""
 
     float32_ms: float
     bfloat16_ms: float
+    what: str = "the model"  # what was timed, for the log line
 
     @property
     def bfloat16_gain(self) -> float:
@@ -84,7 +87,7 @@ class Speeds:
 
 
 def choose(requested: str, devices: Devices, speeds: Speeds | None = None) -> Choice:
-    """`speeds` is what measure_cpu found on this machine (auto on a CPU with bfloat16
+    """`speeds` is what measure_model found on this machine (auto on a CPU with bfloat16
     instructions); without it, auto keeps float32 there."""
     if requested not in CHOICES:
         raise ValueError(f"--mixed-precision must be one of {', '.join(CHOICES)}, got {requested!r}")
@@ -93,7 +96,7 @@ def choose(requested: str, devices: Devices, speeds: Speeds | None = None) -> Ch
             return Choice("mixed_float16", f"auto: {devices.describe()}")
         if devices.bfloat16_native and speeds is not None:
             policy = "mixed_bfloat16" if speeds.bfloat16_gain >= BFLOAT16_MARGIN else "float32"
-            return Choice(policy, f"auto: {devices.describe()}; a ResNet50 block's train step measured "
+            return Choice(policy, f"auto: {devices.describe()}; timed {speeds.what}, forward and backward: "
                                   f"{speeds.float32_ms:.1f} ms in float32, {speeds.bfloat16_ms:.1f} ms in bfloat16 "
                                   f"(x{speeds.bfloat16_gain:.2f}; bfloat16 needs x{BFLOAT16_MARGIN:.2f})")
         return Choice("float32", f"auto: no fast reduced-precision path ({devices.describe()})")
@@ -106,44 +109,43 @@ def choose(requested: str, devices: Devices, speeds: Speeds | None = None) -> Ch
     return Choice(policy, f"--mixed-precision {requested}", warning)
 
 
-def measure_cpu(repeats: int = 3, batch: int = 16, size: int = 56) -> Speeds:
-    """Times a ResNet50 bottleneck block (1x1, 3x3 and 1x1 convolutions with batch norm, 256
-    channels in and out, at the 56 px stage) forward and backward, in float32 and under the
-    mixed_bfloat16 policy: the best of `repeats` compiled steps each, after one untimed step.
-    About 3 s on 2 cores, 1 s of it tracing."""
+def _best_step_ms(model, inputs, repeats: int = 2, seconds: float = 0.5) -> float:
+    """The fastest of the compiled forward and backward passes, after one untimed one: at least
+    `repeats` of them, more while they have taken less than `seconds` (a step of a few
+    milliseconds is timed many times), at most 50."""
     import time
 
     import tensorflow as tf
 
-    def block(policy: str) -> tf.keras.Model:
-        layers = tf.keras.layers
-        inputs = tf.keras.Input((size, size, 256))
-        x = inputs
-        for filters, kernel in ((64, 1), (64, 3), (256, 1)):
-            x = layers.Conv2D(filters, kernel, padding="same", use_bias=False, dtype=policy)(x)
-            x = layers.BatchNormalization(dtype=policy)(x)
-            x = layers.ReLU(dtype=policy)(x)
-        return tf.keras.Model(inputs, layers.Add(dtype=policy)([x, inputs]))
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            outputs = tf.nest.flatten(model(inputs, training=True))
+            loss = tf.add_n([tf.reduce_mean(tf.cast(output, tf.float32) ** 2) for output in outputs])
+        return tape.gradient(loss, model.trainable_variables)
 
-    images = tf.random.stateless_uniform((batch, size, size, 256), seed=(1, 2))
+    step()  # traces and warms up
+    best, spent, done = float("inf"), 0.0, 0
+    while done < repeats or (spent < seconds and done < 50):
+        started = time.perf_counter()
+        for tensor in tf.nest.flatten(step(), expand_composites=True):  # IndexedSlices too
+            tensor.numpy()
+        elapsed = time.perf_counter() - started
+        best, spent, done = min(best, elapsed), spent + elapsed, done + 1
+    return best * 1e3
+
+
+def measure_model(build, inputs) -> Speeds:
+    """Times `build()`'s model (a Keras model, built here twice, outside any strategy) on `inputs`,
+    a batch of its own data, in float32 and under mixed_bfloat16."""
+    import tensorflow as tf
+
     milliseconds = []
     for policy in ("float32", "mixed_bfloat16"):
-        model = block(policy)
-
-        @tf.function
-        def step():
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.cast(model(images, training=True), tf.float32) ** 2)
-            return tape.gradient(loss, model.trainable_variables)
-
-        step()  # traces and warms up
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy(), step())
-            best = min(best, time.perf_counter() - started)
-        milliseconds.append(best * 1e3)
-    return Speeds(*milliseconds)
+        with _policy(policy):
+            milliseconds.append(_best_step_ms(build(), inputs))
+    batch = int(tf.shape(tf.nest.flatten(inputs)[0])[0])
+    return Speeds(*milliseconds, what=f"this task's model on a batch of {batch}")
 
 
 def cpu_flags(cpuinfo_text: str) -> frozenset[str]:
@@ -180,21 +182,22 @@ def local_devices(gpus: Iterable | None = None, cpuinfo_path: str = "/proc/cpuin
     return Devices(capabilities, flags)
 
 
-def apply(requested: str, agree=None, measure=measure_cpu) -> str:
+def apply(requested: str, agree=None, measure=None) -> str:
     """Sets the global Keras policy for every model built after it, logs it, and returns its name.
 
-    auto on a CPU with bfloat16 instructions measures first (`measure`); `agree`, given by
-    synchronous jobs, maps this task's [float32 ms, bfloat16 ms] to the mean over every task, so
-    that all of them choose alike. A policy asked for by name is never measured over.
+    auto on a CPU with bfloat16 instructions measures first (`measure`, which returns Speeds;
+    without it, auto keeps float32 there);
+    `agree`, given by synchronous jobs, maps this task's [float32 ms, bfloat16 ms] to the mean over
+    every task, so that all of them choose alike. A policy asked for by name is never measured over.
     """
-    import tensorflow as tf
+    import keras
 
     devices = local_devices()
     speeds = None
-    if requested == "auto" and not devices.float16_fast and devices.bfloat16_native:
+    if requested == "auto" and not devices.float16_fast and devices.bfloat16_native and measure is not None:
         speeds = measure()
         if agree is not None:
-            speeds = Speeds(*agree([speeds.float32_ms, speeds.bfloat16_ms]))
+            speeds = Speeds(*agree([speeds.float32_ms, speeds.bfloat16_ms]), what=speeds.what)
     choice = choose(requested, devices, speeds)
     if choice.warning:
         log.warning("%s", choice.warning)
@@ -204,7 +207,7 @@ def apply(requested: str, agree=None, measure=measure_cpu) -> str:
     level = keras_log.level
     keras_log.setLevel(logging.ERROR)
     try:
-        tf.keras.mixed_precision.set_global_policy(choice.policy)
+        keras.mixed_precision.set_global_policy(choice.policy)
     finally:
         keras_log.setLevel(level)
     log.info("precision: %s (%s)", choice.policy, choice.reason)
@@ -212,14 +215,18 @@ def apply(requested: str, agree=None, measure=measure_cpu) -> str:
 
 
 @contextlib.contextmanager
-def float32_policy() -> Iterator[None]:
-    """Keras layers built inside compute in float32, whatever policy the job trains in: what an
-    export or an evaluation builds (the variables are float32 under every policy)."""
-    import tensorflow as tf
+def _policy(name: str) -> Iterator[None]:
+    import keras
 
-    trained_in = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy("float32")
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
     try:
         yield
     finally:
-        tf.keras.mixed_precision.set_global_policy(trained_in)
+        keras.mixed_precision.set_global_policy(before)
+
+
+def float32_policy():
+    """Keras layers built inside compute in float32, whatever policy the job trains in: what an
+    export or an evaluation builds (the variables are float32 under every policy)."""
+    return _policy("float32")

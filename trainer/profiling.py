@@ -10,20 +10,21 @@ AIP_TENSORBOARD_LOG_DIR) works as a local one does. Viewing it needs TensorBoard
 (the `xprof` package) where TensorBoard runs, not in the training image.
 
 The flags are parsed in trainer.config (`parse_profile_steps`), which must not load TensorFlow.
-Steps are counted from 1 over the whole run, as Keras' own `profile_batch` counts them (with
---steps-per-execution N, each count is one execution of N steps). The trace
-starts before step FIRST begins and stops before step LAST + 1 begins (or before validation, or
-at the end of training), so every step in the range is whole in it, with the step markers
-(`train`, with its epoch and step numbers) that TensorBoard's step-time views group by. Under
-ParameterServerStrategy the coordinator traces its own side of the steps (scheduling them and
-waiting on the workers); it waits for the steps it scheduled to finish before it stops.
+Steps are counted from 1 over the whole run. The trace starts before step FIRST begins and stops
+after step LAST (or at its epoch's end, before validation), so every step in the range is whole
+in it. Under ParameterServerStrategy the coordinator traces its own side of the steps
+(scheduling them and waiting on the workers); it waits for the steps it scheduled to finish
+before it stops.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import tensorflow as tf
+
+from trainer import loop
 
 log = logging.getLogger("trainer")
 
@@ -37,17 +38,19 @@ def profiles_here(tasks: str, is_chief: bool) -> bool:
     return tasks == "all" or is_chief
 
 
-class ProfileSteps(tf.keras.callbacks.Callback):
-    """Traces training steps `first` to `last` (counted from 1 over the run) into `directory`."""
+class ProfileSteps(loop.Events):
+    """Traces training steps `first` to `last` (counted from 1 over the run) into `directory`.
 
-    def __init__(self, directory: str, first: int, last: int):
-        super().__init__()
-        # Takes no logs, so ParameterServerStrategy allows its batch hooks (tf-keras refuses other
-        # batch-level callbacks there: their logs are not ready when the hooks run).
-        self._supports_tf_logs = True
+    The loop reports its steps after each call of the train function, so with
+    --steps-per-execution N the trace starts and stops at the N-step calls around the range."""
+
+    def __init__(self, directory: str, first: int, last: int, steps_per_epoch: int,
+                 wait: Callable[[], None] = lambda: None):
+        """`wait`: until the steps scheduled so far have run (a ParameterServer coordinator's)."""
         self.directory = directory
         self.first, self.last = first, last
-        self.done = 0  # steps finished in this run
+        self.steps_per_epoch = steps_per_epoch
+        self.wait = wait
         self.tracing = False
         self.finished = False
 
@@ -58,39 +61,26 @@ class ProfileSteps(tf.keras.callbacks.Callback):
         self.tracing = True
         log.info("profiling steps %d-%d into %s", self.first, self.last, self.directory)
 
-    def _stop(self):
+    def _stop(self, done: int):
         if not self.tracing:
             return
-        coordinator = getattr(self.model, "_cluster_coordinator", None)
-        if coordinator is not None:
-            coordinator.join()  # the steps scheduled so far have run on the workers
+        self.wait()
         tf.profiler.experimental.stop()
         self.tracing, self.finished = False, True
-        log.info("profile of steps %d-%d written under %s/plugins/profile", self.first, min(self.last, self.done),
+        log.info("profile of steps %d-%d written under %s/plugins/profile", self.first, min(self.last, done),
                  self.directory)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        if self.done + 1 == self.first:
+    def epoch_begin(self, epoch: int) -> None:
+        if self.first <= (epoch - 1) * self.steps_per_epoch + 1 <= self.last:
+            self._start()  # the range starts with this epoch
+
+    def steps_done(self, epoch: int, step: int) -> None:
+        done = (epoch - 1) * self.steps_per_epoch + step
+        if done >= self.last or step == self.steps_per_epoch:
+            # Validation is not training: a range that reaches the epoch's end stops there.
+            self._stop(done)
+        elif done + 1 >= self.first:
             self._start()
 
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.done == self.last:
-            self._stop()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.done += 1
-        steps = (self.params or {}).get("steps")
-        # The next step is the first: start now, unless the epoch ends here (then its validation
-        # would be traced too, and on_epoch_begin starts it).
-        if self.done + 1 == self.first and (steps is None or batch + 1 < steps):
-            self._start()
-
-    def on_test_begin(self, logs=None):
-        self._stop()  # validation is not training: a range that reaches it ends at the epoch's end
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.done >= self.last:
-            self._stop()
-
-    def on_train_end(self, logs=None):
-        self._stop()
+    def epoch_end(self, epoch: int, logs: dict) -> None:
+        self._stop(epoch * self.steps_per_epoch)

@@ -9,10 +9,6 @@ from trainer.cluster import Cluster
 
 log = logging.getLogger("trainer")
 
-# ParameterServerStrategy variable sharding: no shard below this size, at most one per ps.
-MIN_SHARD_BYTES = 256 << 10
-
-
 def choose(requested: str, cluster: Cluster) -> str:
     """`auto`: parameter_server with ps tasks, multi_worker_mirrored for any other cluster,
     mirrored (all local GPUs, or the CPU) for a single process. Reduction Server reducers are not
@@ -69,9 +65,8 @@ def create(name: str, cluster: Cluster):
         device = "/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0"
         return tf.distribute.OneDeviceStrategy(device)
     if name == "parameter_server":
+        # No variable_partitioner: Keras 3's layers do not train on sharded variables, so each
+        # variable lives whole on one parameter server (round-robin over them).
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=MIN_SHARD_BYTES, max_shards=cluster.num_ps
-        )
-        return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
     raise ValueError(f"unknown strategy {name!r}")

@@ -1,21 +1,22 @@
 """The interface between the runtime and a model: subclass `Task`, hand it to `trainer.fit`.
 
 A task says what to train; the runtime decides how. The runtime owns the strategy and its scope,
-the global batch (per-replica batch x replicas in sync), the mixed-precision policy every task of
-the job agrees on, step backups and the SIGTERM vote, the exits a platform restarts on, saving
-from the chief (other workers into temporary directories), the side-car evaluator, the
-hyperparameter-tuning report, profiling and the input-wait line. A task supplies the model and
-the datasets, and optionally its own flags, optimizer, metrics and export:
+the training loop (trainer.loop: Keras 3 on every strategy), the global batch (per-replica batch
+x replicas in sync), the mixed-precision policy every task of the job agrees on, step backups and
+the SIGTERM vote, the exits a platform restarts on, saving from the chief, the side-car
+evaluator, the hyperparameter-tuning report, profiling and the input-wait line. A task supplies
+the model and the datasets, and optionally its own flags, optimizer, metrics and export, all of
+them Keras 3 (`import keras`):
 
-    import tensorflow as tf
+    import keras
     from trainer import fit
     from trainer.tasks import Run, Task
 
     class Fares(Task):
-        def train_dataset(self, run: Run, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        def train_dataset(self, run: Run, context):
             ...  # this input pipeline's share, batched at context.get_per_replica_batch_size(run.global_batch_size)
 
-        def build_model(self, run: Run) -> tf.keras.Model:
+        def build_model(self, run: Run) -> keras.Model:
             ...
 
         def loss(self, run: Run):
@@ -36,7 +37,7 @@ flags. The runtime calls them in this order, in every process that needs them:
 | validation_dataset         | yes            |                 |            | yes       |
 | build_model, loss, metrics | yes            | yes             |            | yes       |
 | optimizer                  | yes            | yes             |            |           |
-| export                     | yes (all)      | yes             |            |           |
+| export                     | the chief      | yes             |            |           |
 
 Nothing here imports TensorFlow: a task module can be imported, and its flags listed, cheaply.
 """
@@ -48,6 +49,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
+    import keras
     import tensorflow as tf
 
 
@@ -88,6 +90,10 @@ class Run:
     checkpoint_dir: str
     tensorboard_dir: str
     mixed_precision: str  # the Keras policy the job computes in: float32, mixed_bfloat16, mixed_float16
+    # False when the runtime builds the model or a dataset only to look at it, not to train it:
+    # to read a checkpoint into (the export, the evaluator) or to time a batch (--mixed-precision
+    # auto). Skip pretrained weights (they are overwritten or not needed) and side effects then.
+    trains: bool = True
 
     @property
     def global_batch_size(self) -> int:
@@ -104,8 +110,8 @@ class Task:
 
     Class attributes set the defaults of runtime flags that depend on the model:
     `hypertune_metric` (--hypertune-metric), `learning_rate` (--learning-rate) and
-    `mixed_precision` (--mixed-precision: "auto" measures a ResNet50 block on CPUs with bfloat16
-    instructions, which says little about a small dense model; such a task sets "off")."""
+    `mixed_precision` (--mixed-precision; "auto" times the task's own model where that decides,
+    trainer.precision)."""
 
     name: ClassVar[str] = "task"
     hypertune_metric: ClassVar[str] = "loss"
@@ -134,7 +140,8 @@ class Task:
 
     def train_dataset(self, run: Run, context: "tf.distribute.InputContext") -> "tf.data.Dataset":
         """This input pipeline's training batches, as (features, labels) or (features, labels,
-        weights), repeating forever. Shard with `context` (`trainer.inputs.shard`), batch at
+        weights), repeating forever. The runtime may read a batch of it (or of the validation
+        data) before training to time the model in each precision (`run.trains` False then). Shard with `context` (`trainer.inputs.shard`), batch at
         `context.get_per_replica_batch_size(run.global_batch_size)`."""
         raise NotImplementedError(f"{type(self).__name__} must define train_dataset(run, context)")
 
@@ -144,33 +151,35 @@ class Task:
         evaluation, by default the validation examples `prepare` reported over the global batch."""
         return None
 
-    def build_model(self, run: Run) -> "tf.keras.Model":
-        """The model, uncompiled. Built inside the strategy's scope under the job's precision
-        policy: keep the last layer in float32 (`dtype="float32"`) for a stable loss."""
+    def build_model(self, run: Run) -> "keras.Model":
+        """The Keras 3 model, uncompiled. Built inside the strategy's scope under the job's
+        precision policy: keep the last layer in float32 (`dtype="float32"`) for a stable loss.
+        The runtime builds it again, in float32 and outside any strategy, to export it and to
+        evaluate checkpoints (`run.trains` False): it must build the same weights in the same order."""
         raise NotImplementedError(f"{type(self).__name__} must define build_model(run)")
 
     def loss(self, run: Run) -> Any:
-        """What `Model.compile(loss=...)` takes."""
+        """What Keras 3's `Model.compile(loss=...)` takes."""
         raise NotImplementedError(f"{type(self).__name__} must define loss(run)")
 
     def metrics(self, run: Run) -> list:
-        """What `Model.compile(metrics=...)` takes; the hypertune metric must be among them (or be
-        the loss)."""
+        """What Keras 3's `Model.compile(metrics=...)` takes; the hypertune metric must be among
+        them (or be the loss)."""
         return []
 
     def optimizer(self, run: Run) -> Any:
-        """A new optimizer; Adam at `run.learning_rate` unless overridden."""
-        import tensorflow as tf
+        """A new Keras 3 optimizer; Adam at `run.learning_rate` unless overridden."""
+        import keras
 
-        return tf.keras.optimizers.Adam(run.learning_rate)
+        return keras.optimizers.Adam(run.learning_rate)
 
-    def export(self, model: "tf.keras.Model", path: str, run: Run) -> None:
-        """Saves the trained model to `path`. Under MultiWorkerMirroredStrategy EVERY worker calls
-        it (saving is a collective), each with its own path; only the chief's is kept. A
-        ParameterServer job exports a model rebuilt from the last checkpoint, built in float32
-        and compiled with `loss` and `metrics` (no optimizer). The default writes a SavedModel
-        with Keras' default serving signature."""
-        model.save(path)
+    def export(self, model: "keras.Model", path: str, run: Run) -> None:
+        """Saves the trained model to `path` (local or gs://). Only the chief (or a ParameterServer
+        job's coordinator) calls it, with the model built again in float32 outside any strategy,
+        holding the final epoch's weights and compiled with `loss` and `metrics`, no optimizer.
+        The default writes a SavedModel whose `serving_default` signature calls the model
+        (Keras 3's `Model.export`)."""
+        model.export(path, format="tf_saved_model", verbose=False)
 
     def describe_error(self, error: BaseException, run: Run) -> str | None:
         """One line for an error raised while training that is the data's fault (the job then

@@ -1,27 +1,30 @@
 """ParameterServerStrategy: the chief coordinates, workers and ps serve.
 
 Workers and parameter servers only start a tf.distribute.Server and wait; the coordinator
-(chief) runs `model.fit`, which ships each step to whichever worker is free. Variables live on
-the parameter servers, large ones split across them by size.
+(chief) runs the training loop (trainer.loop), whose `ClusterCoordinator` ships each call of the
+train function to whichever worker is free. Variables live on the parameter servers, each one
+whole on one of them (round-robin): Keras 3 layers do not train on TensorFlow's sharded
+variables.
 
 Failures, as TensorFlow handles them:
 - a worker lost mid-training: the coordinator reschedules its steps on the others, and a worker
   that comes back rejoins (its dataset is rebuilt from the same dataset function);
 - a parameter server lost: variables are gone, so the coordinator must restart; it exits with
-  a message saying so, and the rerun resumes from BackupAndRestore's backup;
+  a message saying so, and the rerun resumes from the backup;
 - the coordinator lost: rerun it, and it resumes the same way.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import re
 import sys
 
+import keras
 import tensorflow as tf
 
-from trainer import exits, outputs, plan, precision, preemption, saving, storage, strategy as strategy_lib
+from trainer import backup as backup_lib
+from trainer import callbacks, exits, loop, outputs, plan, run_record, saving, storage
+from trainer import strategy as strategy_lib
 from trainer.cluster import Cluster
 from trainer.config import TrainConfig
 from trainer.tasks import Task
@@ -53,15 +56,12 @@ def remote_workers(cluster: Cluster) -> list[str]:
 def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     """The coordinator. `name`: the command's name, for its error lines."""
     strategy = strategy_lib.create("parameter_server", cluster)  # before any other TensorFlow op
-    # The coordinator traces the train step that every worker runs, so its policy is the job's;
-    # it decides from its own devices (Vertex gives the chief the workers' machine type). The
-    # export below computes in float32 whatever this picks (trainer.saving).
-    precision.apply(config.mixed_precision)
-    tf.keras.utils.set_random_seed(config.seed)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    keras.utils.set_random_seed(config.seed)
     global_batch = config.per_replica_batch_size * strategy.num_replicas_in_sync
     # Validation belongs to the side-car evaluator in this mode.
     examples = task.prepare(config.task_flags)
-    steps = plan.steps_per_epoch(config, examples, global_batch)
+    steps_per_epoch = plan.steps_per_epoch(config, examples, global_batch)
     elsewhere = remote_workers(cluster)
     on_this_disk = [path for path in task.input_paths(config.task_flags)
                     if path and "://" not in path and not path.startswith("/gcs/")]
@@ -75,58 +75,68 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     # InputContext (TensorFlow keeps no input synchronization between workers), so each worker
     # reads the whole dataset. Unseeded shuffling gives each its own order; a shared --seed would
     # make every worker train on the same sequence.
-    run_info = plan.make_run(config, cluster, "parameter_server", replicas_in_sync=strategy.num_replicas_in_sync,
-                             num_input_pipelines=1, steps_per_epoch=steps, validation_steps=None,
+    workers = cluster.num_workers - 1
+
+    def make_run():
+        return plan.make_run(config, cluster, "parameter_server", replicas_in_sync=strategy.num_replicas_in_sync,
+                             num_input_pipelines=1, steps_per_epoch=steps_per_epoch, validation_steps=None,
                              shuffle_seed=None)
+
+    # The coordinator traces the train step that every worker runs, so its policy is the job's;
+    # it decides from its own devices (Vertex gives the chief the workers' machine type). The
+    # export computes in float32 whatever this picks (trainer.saving).
+    plan.choose_precision(task, make_run(), config)
+    run_info = make_run()
     log.info(
         "strategy=parameter_server workers=%d ps=%d batch per step=%d steps_per_epoch=%d "
         "steps_per_execution=%d%s",
-        cluster.num_workers - 1, cluster.num_ps, global_batch, steps, config.steps_per_execution,
+        workers, cluster.num_ps, global_batch, steps_per_epoch, config.steps_per_execution,
         f" train_examples={examples.train}" if examples and examples.train else "",
     )
 
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        # Built on each worker; sharding follows the context (one pipeline: the whole dataset).
-        return task.train_dataset(run_info, context)
-
+    # Built on each worker; sharding follows the context (one pipeline: the whole dataset).
+    train_fn, train_spec = plan.captured_spec(lambda context: task.train_dataset(run_info, context))
+    per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(train_fn))
     with strategy.scope():
         model = task.build_model(run_info)
-        # Every worker steps on its own: the replicas stepping side by side are all of theirs.
-        plan.compile_model(task, run_info, model, config,
-                           input_lanes=(cluster.num_workers - 1) * strategy.num_replicas_in_sync)
-    log.info("variables sharded over ps: %s", describe_sharding(model))
+        plan.compile_model(task, run_info, model)
+    # Every worker steps on its own: the replicas stepping side by side are all of theirs.
+    steps = loop.Steps(strategy, model, steps_per_execution=config.steps_per_execution, jit_compile=config.jit_compile,
+                       coordinator=coordinator, input_lanes=workers * strategy.num_replicas_in_sync)
+    steps.build(train_spec[0])
 
-    # Epoch backups: tf-keras runs no batch hooks on a ParameterServer coordinator.
-    backup = preemption.StepBackup(outputs.backup_dir(config.checkpoint_dir), None, steps, is_chief=True, per_epoch=True)
-    callback_list = [backup, *plan.common_callbacks(task, run_info, config, log_metrics=True, report=True)]
-    try:
-        with plan.data_errors(task, run_info):
-            model.fit(
-                tf.keras.utils.experimental.DatasetCreator(dataset_fn),
-                epochs=config.epochs,
-                steps_per_epoch=steps,
-                callbacks=callback_list,
-                verbose=0,  # EpochLog reports each epoch
+    backup = backup_lib.Backup(outputs.backup_dir(config.checkpoint_dir), model, steps_per_epoch, True,
+                               config.backup_every_steps)
+    start_epoch, start_step = backup_lib.resume_point(backup.restore(), steps_per_epoch)
+    events, checkpoints = plan.between_epochs(task, run_info, config, model, chief=True, wait=steps.wait)
+    with backup_lib.sigterm_flag() as sigterm:
+        guard = backup_lib.CoordinatorGuard(backup, sigterm, steps.wait)
+        try:
+            with plan.data_errors(task, run_info):
+                history = loop.fit(steps, iter(per_worker), epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+                                   start_epoch=start_epoch, start_step=start_step,
+                                   events=callbacks.Composite([guard, *events]))
+                if checkpoints.last is None:  # resumed from a backup taken after the last step
+                    checkpoints.epoch_end(config.epochs, {})
+        except backup_lib.Preempted as stop:
+            print(f"{name}: preempted (SIGTERM): saved a backup; a restart resumes at epoch {stop.epoch} "
+                  f"step {stop.step} (exit {exits.RETRYABLE})", file=sys.stderr)
+            return exits.RETRYABLE
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
+            if storage.failure(error):
+                raise  # trainer.fit reports it
+            first_line = (error.message or type(error).__name__).strip().splitlines()[0]
+            print(
+                f"{name}: error: lost a parameter server ({type(error).__name__}: {first_line[:200]}); "
+                f"the coordinator must be restarted: a restart resumes at {backup.describe_resume()} "
+                f"from {outputs.backup_dir(config.checkpoint_dir)} (exit {exits.RETRYABLE})",
+                file=sys.stderr,
             )
-    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
-        if storage.failure(error):
-            raise  # trainer.fit reports it
-        first_line = (error.message or type(error).__name__).strip().splitlines()[0]
-        print(
-            f"{name}: error: lost a parameter server ({type(error).__name__}: {first_line[:200]}); "
-            f"the coordinator must be restarted: a restart resumes at {backup.describe_resume()} "
-            f"from {outputs.backup_dir(config.checkpoint_dir)} (exit {exits.RETRYABLE})",
-            file=sys.stderr,
-        )
-        return exits.RETRYABLE
-    saving.save_unsharded(task, run_info, outputs.checkpoint_pattern(config.checkpoint_dir).format(epoch=config.epochs))
+            return exits.RETRYABLE
+    backup.finish()
+    saving.export(task, run_info, checkpoints.last, train_spec[0])
+    summary = task.final_summary(history[-1], run_info) if history else None
+    if summary:
+        log.info("%s", summary)
+    run_record.write(config, cluster, run_info, history, type(model.optimizer).__name__)
     return exits.OK
-
-
-def describe_sharding(model: tf.keras.Model) -> str:
-    """`head/kernel x2, ...` for every variable split over several parameter servers (Keras lists
-    a sharded variable's shards as `NAME/part_K`)."""
-    shards = collections.Counter(
-        match.group(1) for v in model.trainable_variables if (match := re.match(r"(.*)/part_\d+:0$", v.name))
-    )
-    return ", ".join(f"{name} x{count}" for name, count in sorted(shards.items())) or "none"

@@ -152,7 +152,10 @@ def test_only_the_chief_reported_mae_to_hypertune(preempted_mwms):
 def test_only_the_chiefs_model_is_kept_and_it_serves_raw_columns(preempted_mwms, fares_data):
     _, _, second, tmp_path = preempted_mwms
     root, baseline = fares_data
-    assert re.search(r"^\[worker-0\] .*saved this worker's copy to .*/worker-0/tmp/model-worker-0-", second.stdout, re.M)
+    assert not re.search(r"^\[worker-0\] .*saved model", second.stdout, re.M)
+    fingerprints = {task: re.findall(rf"^\[{task}\] .*trainer: trained \d+ epochs of \d+ steps; weights (\w+)", second.stdout, re.M)
+                    for task in ("chief-0", "worker-0")}
+    assert len(fingerprints["chief-0"]) == 1 and fingerprints["chief-0"] == fingerprints["worker-0"], fingerprints
     assert os.listdir(tmp_path / "work" / "worker-0" / "tmp") == []
     assert sorted(os.listdir(tmp_path / "out")) == ["checkpoints", "logs", "model"]
     served = served_error(tmp_path / "out" / "model", root / "eval-00000-of-00001.csv")

@@ -87,7 +87,8 @@ def assert_verdicts(output: str, epochs: int, input_bound: bool) -> None:
     lines = input_lines(output)
     assert [epoch for epoch, *_ in lines] == list(range(1, epochs + 1)), output[-3000:]
     for epoch, waited, trained, percent, verdict in lines:
-        assert 0 <= waited <= trained + 0.1 and 0 <= percent <= 100
+        # A wait is part of the step it delays (trainer.input_wait), whatever the load: never more.
+        assert 0 <= waited <= trained and 0 <= percent <= 100
         assert verdict == ("input-bound" if input_bound else "not input-bound"), lines
     # Only the chief says it, once per epoch, after the epoch's metrics.
     assert not re.search(r"^\[(worker|ps)-\d\] .* input: ", output, re.M)

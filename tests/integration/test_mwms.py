@@ -58,9 +58,9 @@ def test_workers_consumed_disjoint_examples_covering_the_data(two_worker_run):
 def test_final_model_loads_and_predicts(two_worker_run):
     _, _, out, _ = two_worker_run
     script = f"""
-import trainer, numpy as np, tensorflow as tf
-model = tf.keras.models.load_model({str(out / 'model')!r})
-predictions = model.predict(np.zeros((3, 32, 32, 3), np.uint8), verbose=0)
+import numpy as np, tensorflow as tf
+model = tf.saved_model.load({str(out / 'model')!r})
+predictions = model.signatures["serving_pixels"](image=tf.zeros((3, 32, 32, 3), tf.uint8))["probabilities"].numpy()
 print("shape", predictions.shape, "sums", np.round(predictions.sum(axis=1), 3).tolist())
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300)
@@ -103,16 +103,31 @@ def test_each_epochs_metrics_appear_once_and_workers_only_mark_epochs(two_worker
     assert re.search(r"^\[launch\] hid \d+ known-harmless TensorFlow lines", result.stdout, re.M)
 
 
-def test_no_worker_temp_dir_is_left(two_worker_run):
+def test_both_workers_end_with_the_same_weights(two_worker_run):
+    result, *_ = two_worker_run
+    fingerprints = {task: re.findall(rf"^\[{task}\] .*trainer: trained 2 epochs of \d+ steps; weights (\w+)", result.stdout, re.M)
+                    for task in ("chief-0", "worker-0")}
+    assert len(fingerprints["chief-0"]) == 1 and fingerprints["chief-0"] == fingerprints["worker-0"], fingerprints
+
+
+def test_only_the_chief_saves_and_no_worker_scratch_is_left(two_worker_run):
     result, work, out, _ = two_worker_run
-    # The worker saved its copy (the save is a collective) into its own temp dir...
-    assert re.search(r"^\[worker-0\] .*saved this worker's copy to .*/worker-0/tmp/model-worker-0-", result.stdout, re.M)
-    # ...and removed it; nothing of the worker's is left beside the chief's outputs either.
+    assert re.search(r"^\[chief-0\] .*saved model to .*/out/model \(from .*/checkpoints/epoch-2\)$", result.stdout, re.M)
+    assert not re.search(r"^\[worker-0\] .*sav", result.stdout, re.M)
+    # The worker wrote its checkpoints (a collective) into scratch directories, each removed at once.
     assert os.listdir(work / "worker-0" / "tmp") == []
     assert sorted(os.listdir(out)) == ["checkpoints", "logs", "model"]
-    leftovers = [os.path.join(d, n) for d, dirs, files in os.walk(out) for n in dirs + files if "workertemp" in n]
-    assert leftovers == []
-    assert {"checkpoint", "epoch-0001.index", "epoch-0002.index"} <= set(os.listdir(out / "checkpoints"))
+    assert {"checkpoint", "epoch-1.index", "epoch-2.index"} <= set(os.listdir(out / "checkpoints"))
+    assert "backup" not in os.listdir(out / "checkpoints")  # removed once training finished
+
+
+def test_the_chief_records_the_run_beside_the_model(two_worker_run):
+    _, _, out, _ = two_worker_run
+    record = json.loads((out / "model" / "run.json").read_text())
+    assert record["strategy"] == "multi_worker_mirrored" and record["replicas_in_sync"] == 2
+    assert record["precision"] == "mixed_bfloat16" and record["task_flags"]["architecture"] == "small"
+    assert [sorted(epoch) for epoch in record["epochs"]][0][:2] == ["accuracy", "input_step_seconds"]
+    assert record["versions"]["tensorflow"].startswith("2.21") and record["versions"]["keras"].startswith("3.")
 
 
 def test_only_the_chief_reported_hypertune_metrics(two_worker_run):

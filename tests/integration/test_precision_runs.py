@@ -41,8 +41,8 @@ def test_bfloat16_with_jit_compile_computes_convolutions_in_bfloat16_under_xla(t
     assert "trainer: precision: mixed_bfloat16 (--mixed-precision bfloat16)" in log
     assert dtypes["Conv2D"] == dtypes["Conv2DBackpropFilter"] == ["bfloat16"]
     assert dtypes["Softmax"] == ["float32"]  # the head's softmax stays float32 for a stable loss
-    # XLA dumped the modules it compiled; the train step (Keras' run_step) is one of them.
-    assert any("run_step" in name for name in os.listdir(dump)), sorted(os.listdir(dump))[:10]
+    # XLA dumped the modules it compiled; the forward and backward pass (trainer.loop) is one of them.
+    assert any("forward_backward" in name for name in os.listdir(dump)), sorted(os.listdir(dump))[:10]
 
 
 def test_float16_without_a_fast_path_warns_once_then_trains(tmp_path, data_root):
@@ -70,4 +70,4 @@ def test_auto_gives_every_task_of_a_job_the_same_policy_from_one_agreed_measurem
     assert lines["chief-0"] == lines["worker-0"]
     with open("/proc/cpuinfo") as cpuinfo:
         native = precision.local_devices([]).bfloat16_native and cpuinfo.read()
-    assert ("measured" in lines["chief-0"]) == bool(native), lines
+    assert ("timed this task's model" in lines["chief-0"]) == bool(native), lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import pytest
@@ -81,13 +82,22 @@ def test_the_summary_counts_rows_and_measures_the_columns():
     assert variances == {"distance_km": 1.0, "passengers": 1.0, "fare": 25.0}
 
 
-def test_hidden_units_and_dropout_flags():
+def test_hidden_units_flag():
     assert fares_task.hidden_units("64,32") == (64, 32)
     for bad in ("64,0", "64,x", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             fares_task.hidden_units(bad)
-    with pytest.raises(argparse.ArgumentTypeError, match="must be at least 0 and below 1, got 1"):
-        fares_task.dropout_rate("1")
+
+
+@pytest.mark.parametrize("text, error", [("1", "must be at least 0 and below 1, got 1"), ("-0.1", "got -0.1"),
+                                         ("nan", "got nan"), ("x", "expected a number, got 'x'")])
+def test_a_fraction_flag_is_at_least_0_and_below_1(text, error):
+    """The one [0, 1) check: fares' --dropout and cassava's --batch-norm-momentum."""
+    from trainer import cli
+
+    assert cli.fraction("0") == 0.0 and cli.fraction("0.99") == 0.99
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(error)):
+        cli.fraction(text)
 
 
 def _lines_read(files, pipelines: int) -> list[list[bytes]]:

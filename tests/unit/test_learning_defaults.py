@@ -82,7 +82,7 @@ def test_resnet50_fine_tuning_a_weights_file_tracks_its_batch_statistics_as_fast
 
     import trainer  # noqa: F401
 
-    path = str(tmp_path / "resnet50_notop.h5")
+    path = str(tmp_path / "resnet50_notop.weights.h5")  # Keras 3 saves weights under that suffix only
     tf.keras.applications.ResNet50(include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg").save_weights(path)
     assert batch_norm_momenta(path) == {0.9}
 

@@ -4,8 +4,7 @@ and the tf.data pipelines that feed the model.
 A file is CSV with one header line naming exactly COLUMNS, in that order, then one trip per line.
 Files are found by glob on a local disk, gs:// or /gcs/ (tf.io.gfile reads all three).
 
-TensorFlow is imported inside the functions: `fares.task` imports this module before the images'
-stderr relay has forked (trainer.relay), and `fares.generate` needs no TensorFlow at all.
+TensorFlow is imported inside the functions: `fares.task --help` and `fares.generate` need none.
 """
 
 from __future__ import annotations
@@ -168,15 +167,15 @@ def lines_of(files: Sequence[str], context, shuffle_files: bool, seed: int | Non
 
     from trainer import inputs
 
-    names = tf.data.Dataset.from_tensor_slices(list(files))
-    if len(files) >= context.num_input_pipelines:
-        names = inputs.shard(names, context)
+    names = inputs.shard_files(tf.data.Dataset.from_tensor_slices(list(files)), len(files), context)
+    if inputs.sharding_mode(len(files), context.num_input_pipelines) == inputs.FILE:
         if shuffle_files:
             names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         return names.interleave(lambda name: tf.data.TextLineDataset(name).skip(1), cycle_length=4,
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)
+    # Every pipeline reads the lines in the same order and keeps every N-th.
     lines = names.flat_map(lambda name: tf.data.TextLineDataset(name).skip(1))
-    return inputs.shard(lines, context)
+    return inputs.shard_records(lines, len(files), context)
 
 
 def dataset(files: Sequence[str], batch_size: int, context, *, training: bool, seed: int | None,

@@ -9,6 +9,7 @@ a test measures it against.
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from fares import data
@@ -16,42 +17,42 @@ from fares import data
 HOURS = 24
 
 
-def inputs() -> dict[str, tf.keras.Input]:
-    dtypes = {"distance_km": tf.float32, "passengers": tf.int64, data.HOUR: tf.int64,
-              **{name: tf.string for name in data.CATEGORIES}}
-    return {name: tf.keras.Input(shape=(1,), name=name, dtype=dtypes[name]) for name in data.FEATURES}
+def inputs() -> dict[str, keras.KerasTensor]:
+    dtypes = {"distance_km": "float32", "passengers": "int64", data.HOUR: "int64",
+              **{name: "string" for name in data.CATEGORIES}}
+    return {name: keras.Input(shape=(1,), name=name, dtype=dtypes[name]) for name in data.FEATURES}
 
 
-def build(train: data.Summary, hidden_units: tuple[int, ...], dropout: float, seed: int) -> tf.keras.Model:
+def build(train: data.Summary, hidden_units: tuple[int, ...], dropout: float, seed: int) -> keras.Model:
     """`train`: the training files' statistics (fares.data.summarize)."""
     features = inputs()
     # Preprocessing in float32 whatever the job's policy; the first Dense casts to the policy's.
-    numeric = tf.keras.layers.Concatenate(name="numeric", dtype="float32")(
-        [tf.cast(features[name], tf.float32) for name in data.NUMERIC])
-    numeric = tf.keras.layers.Normalization(
+    numeric = keras.layers.Concatenate(name="numeric", dtype="float32")(
+        [keras.ops.cast(features[name], "float32") for name in data.NUMERIC])
+    numeric = keras.layers.Normalization(
         mean=[train.means[name] for name in data.NUMERIC], variance=[train.variances[name] or 1.0 for name in data.NUMERIC],
         name="normalized", dtype="float32")(numeric)
-    encoded = [numeric, tf.keras.layers.CategoryEncoding(HOURS, output_mode="one_hot", name="hour_one_hot",
+    encoded = [numeric, keras.layers.CategoryEncoding(HOURS, output_mode="one_hot", name="hour_one_hot",
                                                         dtype="float32")(features[data.HOUR])]
     for name, values in data.CATEGORIES.items():
         # No out-of-vocabulary slot: prepare refuses a value outside the list before training.
-        encoded.append(tf.keras.layers.StringLookup(vocabulary=list(values), num_oov_indices=0, output_mode="one_hot",
+        encoded.append(keras.layers.StringLookup(vocabulary=list(values), num_oov_indices=0, output_mode="one_hot",
                                                     name=f"{name}_one_hot", dtype="float32")(features[name]))
-    hidden = tf.keras.layers.Concatenate(name="encoded", dtype="float32")(encoded)
+    hidden = keras.layers.Concatenate(name="encoded", dtype="float32")(encoded)
     for index, units in enumerate(hidden_units):
-        hidden = tf.keras.layers.Dense(units, activation="relu", name=f"hidden_{index}",
-                                       kernel_initializer=tf.keras.initializers.HeUniform(seed + index))(hidden)
+        hidden = keras.layers.Dense(units, activation="relu", name=f"hidden_{index}",
+                                    kernel_initializer=keras.initializers.HeUniform(seed + index))(hidden)
         if dropout:
-            hidden = tf.keras.layers.Dropout(dropout, seed=seed + index, name=f"dropout_{index}")(hidden)
+            hidden = keras.layers.Dropout(dropout, seed=seed + index, name=f"dropout_{index}")(hidden)
     # float32 head: under a mixed policy the loss must still see float32 (trainer.tasks).
-    standardized = tf.keras.layers.Dense(1, dtype="float32", name="standardized_fare",
-                                         kernel_initializer=tf.keras.initializers.GlorotUniform(seed))(hidden)
-    fare = tf.keras.layers.Rescaling(scale=train.variances[data.LABEL] ** 0.5 or 1.0, offset=train.means[data.LABEL],
+    standardized = keras.layers.Dense(1, dtype="float32", name="standardized_fare",
+                                      kernel_initializer=keras.initializers.GlorotUniform(seed))(hidden)
+    fare = keras.layers.Rescaling(scale=train.variances[data.LABEL] ** 0.5 or 1.0, offset=train.means[data.LABEL],
                                      dtype="float32", name="fare")(standardized)
-    return tf.keras.Model(features, fare, name="fares")
+    return keras.Model(features, fare, name="fares")
 
 
-def serving_function(model: tf.keras.Model):
+def serving_function(model: keras.Model):
     """serving_default: one 1-D tensor per column, named as in the CSV header -> {"fare": [batch]}."""
     specs = {name: tf.TensorSpec([None], tensor.dtype, name=name) for name, tensor in model.input.items()}
 
@@ -63,5 +64,9 @@ def serving_function(model: tf.keras.Model):
     return serve
 
 
-def save(model: tf.keras.Model, path: str) -> None:
-    model.save(path, signatures={"serving_default": serving_function(model)})
+def save(model: keras.Model, path: str) -> None:
+    """A SavedModel whose serving_default takes the raw columns (Keras 3's ExportArchive)."""
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", serving_function(model))
+    archive.write_out(path, verbose=False)

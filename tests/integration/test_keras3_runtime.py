@@ -1,0 +1,92 @@
+"""What the Keras 3 runtime refuses, and what its loop guarantees, in real processes: a legacy
+tf_keras Task or a model with its own train_step is one line and exit 2; float16 trains with
+loss scaling across two workers; a synchronous step's wait for input is never longer than the
+step."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, clean_env, run_module
+
+FIXTURES = REPO / "tests" / "fixtures" / "tasks"
+
+
+def fixture_env() -> dict:
+    return clean_env(PYTHONPATH=f"{REPO}:{FIXTURES}")
+
+
+@pytest.mark.parametrize("reference, says", [
+    ("legacy_task:LegacyTask", r"the legacy task's build_model gives a legacy Keras 2 object \(tf_keras\.src\.\S+\); "
+                               r"the runtime trains Keras 3: use `import keras`"),
+    ("legacy_task:LegacyOptimizer", r"the legacy-optimizer task's optimizer gives a legacy Keras 2 object "
+                                    r"\(tf_keras\.src\.optimizers\.\S+\)"),
+    ("legacy_task:OwnTrainStep", r"the own-step task's model: Custom overrides train_step, which this loop does not "
+                                 r"call: override compute_loss and compute_metrics instead"),
+])
+def test_what_the_loop_cannot_train_is_refused_with_one_line(tmp_path, reference, says):
+    result = run_module("trainer.fit", "--task", reference, "--epochs", "1", "--steps-per-epoch", "2",
+                        "--mixed-precision", "off", "--model-dir", str(tmp_path / "model"), env=fixture_env(), timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if " error: " in line]
+    assert len(errors) == 1 and re.search(says, errors[0]), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "model" / "saved_model.pb").exists()
+
+
+def test_float16_trains_with_loss_scaling_on_two_workers(tmp_path, data_root):
+    """mixed_float16 (a GPU's policy, emulated here on the CPU): Keras 3 wraps the optimizer in a
+    LossScaleOptimizer, and the loop scales the loss and lets it unscale the gradients."""
+    out = tmp_path / "out"
+    result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--", "python", "-m",
+                        "cassava.task", "--data-dir", str(data_root), "--dataset", "synthetic:64", "--epochs", "1",
+                        "--steps-per-epoch", "4", "--architecture", "small", "--weights", "none", "--image-size", "32",
+                        "--per-replica-batch-size", "4", "--mixed-precision", "float16", "--model-dir", str(out / "model"),
+                        timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    record = json.loads((out / "model" / "run.json").read_text())
+    assert record["precision"] == "mixed_float16" and record["optimizer"] == "LossScaleOptimizer"
+    loss = float(re.search(r"^\[chief-0\] .*epoch 1/1 ends: accuracy=\S+ loss=(\S+) ", result.stdout, re.M).group(1))
+    assert 0 < loss < 100  # a finite loss: the scaled float16 gradients were unscaled before the update
+    fingerprints = set(re.findall(r"trainer: trained 1 epochs of 4 steps; weights (\w+)", result.stdout))
+    assert len(fingerprints) == 1
+
+
+_WAITS = """
+import json
+import tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+from trainer import input_wait
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    wait = input_wait.InputWait(lanes=2)
+
+@tf.function
+def step(waited, stepped):
+    def replica():
+        context = tf.distribute.get_replica_context()
+        index = context.replica_id_in_sync_group
+        # Replica 0 waited 0.8 s of its 1.0 s step; replica 1 waited 0.1 s of a 0.5 s step.
+        wait.record(tf.gather(waited, index), tf.gather(stepped, index))
+    strategy.run(replica)
+
+step(tf.constant([0.8, 0.1]), tf.constant([1.0, 0.5]))
+print(json.dumps(wait.results(strategy)))
+"""
+
+
+def test_a_synchronous_steps_wait_is_its_slowest_replicas_and_never_longer_than_the_step():
+    """Each replica books the step's longest wait (0.8 s), capped by its own step's time (0.5 s
+    for the faster one): 1.3 s of 1.5 s over two lanes, never more than the time it is part of."""
+    result = subprocess.run([sys.executable, "-c", _WAITS], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    assert results["input_wait_seconds"] == pytest.approx(0.65) and results["input_step_seconds"] == pytest.approx(0.75)
+    assert results["input_wait"] == pytest.approx(0.65 / 0.75)
