@@ -161,6 +161,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer import relay
-
-    relay.run(main)
+    sys.exit(main())

@@ -23,7 +23,6 @@ step 2 and exits 1: the refresh is then incomplete.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -33,6 +32,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from trainer import cli  # noqa: E402  (one-line flag errors, as every command of the project)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILES = ("Dockerfile.cpu", "Dockerfile.gpu", "images/serving/Dockerfile")
@@ -202,7 +204,7 @@ def run_lock_script() -> None:
 
 def main(argv: list[str] | None = None, repo: str = REPO, resolver: Callable[[str], Resolved] | None = None,
          run_lock: Callable[[], None] = run_lock_script) -> int:
-    parser = argparse.ArgumentParser(prog="refresh_bases.py", description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="refresh_bases.py", description=__doc__.split("\n")[0])
     parser.add_argument("--locks-only", action="store_true", help="skip step 1 (the bases' digests)")
     args = parser.parse_args(argv)
     incomplete = False

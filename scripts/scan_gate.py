@@ -30,7 +30,6 @@ Exit codes: 0 passed, 1 blocking findings or an expired allowlist entry (each pr
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -38,6 +37,9 @@ import re
 import sys
 import tomllib
 from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from trainer import cli  # noqa: E402  (one-line flag errors, as every command of the project)
 
 # Grafeas v1 Severity, lowest first; SEVERITY_UNSPECIFIED ranks below all.
 SEVERITIES = ("SEVERITY_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM", "HIGH", "CRITICAL")
@@ -185,13 +187,8 @@ def gate(occurrences: object, image: str, threshold: str, allowlist: list[AllowE
     return blocking, allowed, expired
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="scan_gate.py", description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="scan_gate.py", description=__doc__.split("\n")[0])
     parser.add_argument("scan", help="list-vulnerabilities --format=json output ('-' for stdin)")
     parser.add_argument("--image", required=True, help="the image's name, as the allowlist's entries name it "
                         "(tf-runtime-cpu, tf-runtime-gpu, cassava-trainer-cpu, ...)")

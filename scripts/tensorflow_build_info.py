@@ -17,7 +17,6 @@ tier checks the file against the built GPU image.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -27,6 +26,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from trainer import cli  # noqa: E402  (one-line flag errors, as every command of the project)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(REPO, "images", "gpu", "requirements.lock")
@@ -101,7 +103,7 @@ def render(content: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/tensorflow_build_info.py", description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="scripts/tensorflow_build_info.py", description=__doc__.split("\n")[0])
     parser.add_argument("--lock", default=LOCK, help="the GPU image's hash-pinned lock")
     parser.add_argument("--wheel", default=None, help="a downloaded tensorflow wheel (default: pip download the locked one)")
     parser.add_argument("--output", default=OUTPUT)

@@ -226,7 +226,7 @@ def _policy(name: str) -> Iterator[None]:
         keras.mixed_precision.set_global_policy(before)
 
 
-def float32_policy():
+def float32_policy() -> contextlib.AbstractContextManager[None]:
     """Keras layers built inside compute in float32, whatever policy the job trains in: what an
     export or an evaluation builds (the variables are float32 under every policy)."""
     return _policy("float32")

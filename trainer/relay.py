@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Sequence
 
 from trainer import severity
 
@@ -148,10 +148,3 @@ def die_with_parent(parent: int) -> None:
         return  # not Linux: the child then outlives a parent killed with SIGKILL
     if os.getppid() != parent:  # the parent died before the request was in place
         os._exit(128 + signal.SIGKILL)
-
-
-def run(main: Callable[[], int]) -> NoReturn:
-    """Ends the process with `main`'s exit code. It used to fork the stderr relay first; trainer.run
-    is that relay now, so this only remains for the commands whose `__main__` still ends with it
-    (trainer.fit), and goes once none does."""
-    sys.exit(main())

@@ -227,7 +227,7 @@ def images_sh_usage() -> tuple[dict[str, int], set[str]]:
     """images.sh's documented subcommands (with the arguments each takes) and flavours."""
     header = (REPO / "scripts" / "images.sh").read_text().split("set -euo", 1)[0]
     commands, flavours = {}, set()
-    for match in re.finditer(r"^#\s+scripts/images\.sh (\w+) ([\w|]+)((?: [A-Z]+)*)", header, re.M):
+    for match in re.finditer(r"^#\s+scripts/images\.sh (\w+) ([\w|-]+)((?: [A-Z]+)*)", header, re.M):
         commands[match.group(1)] = 1 + len(match.group(3).split())
         flavours.update(match.group(2).split("|"))
     return commands, flavours

@@ -119,6 +119,7 @@ def test_a_task_sets_the_defaults_of_the_flags_that_depend_on_its_model():
     cassava = config.parse([], {}, resolve({}), CassavaTask())
     fares = config.parse(["--train-files", "x.csv"], {}, resolve({}), FaresTask())
     assert (cassava.hypertune_metric, cassava.mixed_precision) == ("accuracy", "auto")
-    assert (fares.hypertune_metric, fares.mixed_precision) == ("mae", "off")
+    # No opt-out for a small dense model: auto times the task's own model (trainer.precision).
+    assert (fares.hypertune_metric, fares.mixed_precision) == ("mae", "auto")
     pinned = config.parse(["--train-files", "x.csv", "--mixed-precision", "bfloat16"], {}, resolve({}), FaresTask())
     assert pinned.mixed_precision == "bfloat16"

@@ -16,7 +16,7 @@ FOLDERS = ("trainer", "serving", "cassava", "scripts", "benchmarks", "examples/f
 # The supply chain's stand-alone scripts, which Cloud Build and the image builds run with the
 # builder's python and nothing of the project on its path: not converted in this change (the
 # images work owns them). Each must still be what this says, so the list cannot go stale.
-PLAIN_ARGPARSE = {"scripts/scan_gate.py", "scripts/refresh_bases.py", "scripts/tensorflow_build_info.py"}
+PLAIN_ARGPARSE: set[str] = set()
 
 
 def plain_parsers(path: Path) -> list[int]:
