@@ -102,6 +102,57 @@ def known_failure(line: str) -> str | None:
     return KNOWN_FAILURES[match.group(0)] if match else None
 
 
+# Python exceptions whose traceback and message say nothing a reader can act on, and what the
+# runtime says in their place: the exception line (the first unindented line after a traceback's
+# frames) matched -> the runtime's line. The traceback and everything the command writes after it
+# (the rest of the message) are left out.
+KERAS_FIT_ACROSS_WORKERS = (
+    "Keras 3's model.fit cannot train across workers on TensorFlow (keras-team/keras#20585): call "
+    "trainer.loop.fit_model(model, dataset, epochs=..., steps_per_epoch=...) in its place, or write a "
+    "trainer.tasks.Task (docs/keras.md)")
+KNOWN_EXCEPTIONS = {
+    # Keras 3.15's TensorFlow trainer, under MultiWorkerMirroredStrategy with two workers or more:
+    # `_maybe_symbolic_build` hands a nest of PerReplica batches to strategy.reduce, whose message
+    # then prints the whole batch (hundreds of lines) ...
+    re.compile(r"^ValueError: Attempt to convert a value \(.*PerReplica"): KERAS_FIT_ACROSS_WORKERS,
+    # ... and `reduce_per_replica` reduces a scalar loss along axis 0 (tensorflow/tensorflow#72388).
+    re.compile(r"^\S*Error: .*Invalid reduction dimension \(?0 for input with 0 dimension"): KERAS_FIT_ACROSS_WORKERS,
+}
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+class Tracebacks:
+    """Holds a Python traceback back until its exception line: a known exception (KNOWN_EXCEPTIONS)
+    is then left out with the rest of the stream, and `found` says the runtime's line; any other is
+    let through whole. Only the traceback's own frames wait, never a line of anything else."""
+
+    def __init__(self):
+        self.held: list[str] = []
+        self.found: str | None = None
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to write now, for one more line of the stream."""
+        if self.found:
+            return []
+        if self.held:
+            self.held.append(line)
+            if line[:1] in (" ", "\t") or not line.strip():
+                return []  # a frame, its source line or its ^^^ marker
+            for pattern, said in KNOWN_EXCEPTIONS.items():
+                if pattern.search(line):
+                    self.found, self.held = said, []
+                    return []
+            return self.flush()
+        if line.startswith(_TRACEBACK):
+            self.held = [line]
+            return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        held, self.held = self.held, []
+        return held
+
+
 # Keras' progress lines (tf-keras and Keras 3, verbose 1 or 2): "Epoch 3/10", then "12/50 [===>...]
 # - ETA: ...", "12/50 ━━━━ ..." or "50/50 - 1s - ...", drawn with carriage returns and colours.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

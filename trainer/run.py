@@ -17,6 +17,8 @@ called by its path runs COMMAND in the same virtualenv, activated or not. Before
 - AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR are set where the platform did
   not set them (trainer.outputs: beside output/model locally, per trial during tuning), so a
   script that reads them, as Vertex AI's documentation asks, works on a JobSet and locally too.
+- The directory holding the runtime's package is appended to PYTHONPATH, so that a script may
+  import `trainer.loop.fit_model` (docs/keras.md) wherever this runner runs it.
 
 While it runs, COMMAND's stderr is read line by line and written at its Cloud Logging severity
 (trainer.severity: INFO lines to stdout; JSON entries in a Kubernetes pod), without the
@@ -32,7 +34,9 @@ SIGTERM was forwarded to it (a script may catch it and exit 1: the cause is stil
 
 When COMMAND fails with one of the errors trainer/relay.py lists in KNOWN_FAILURES (a dataset
 with fewer files than workers under tf.distribute's default sharding), one line of this runner's
-own follows TensorFlow's, saying what to change.
+own follows TensorFlow's, saying what to change. One of its KNOWN_EXCEPTIONS (Keras 3's
+`model.fit` across workers, keras-team/keras#20585) is said in that line alone: the traceback and
+the batch its message prints are left out.
 
 When the environment names a model directory (AIP_MODEL_DIR: Vertex AI's, or your own) and
 COMMAND exits 0 on the task that saves (the chief, or a single process) having left it empty, one
@@ -66,6 +70,8 @@ KUBERNETES_VARIABLE = "KUBERNETES_SERVICE_HOST"
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
 # Where Vertex AI's Cloud Storage FUSE shows gs://BUCKET/PATH: /gcs/BUCKET/PATH.
 FUSE_ROOT = "/gcs"
+# The directory that holds the `trainer` package.
+RUNTIME_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -82,6 +88,12 @@ def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     env["AIP_MODEL_DIR"] = dirs.model_dir
     env["AIP_CHECKPOINT_DIR"] = dirs.checkpoint_dir
     env["AIP_TENSORBOARD_LOG_DIR"] = dirs.tensorboard_dir
+    # The runtime's own package, last on the path: a script can call trainer.loop.fit_model
+    # wherever trainer.run runs it (the images have it on PYTHONPATH already), and the script's
+    # own modules still come first.
+    paths = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if RUNTIME_ROOT not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([*paths, RUNTIME_ROOT])
     return env
 
 
@@ -182,14 +194,20 @@ def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str, sa
 
 
 def _copy(stream: io.BufferedReader, writer: severity.Writer, failures: list[str]) -> None:
-    lines = relay.Filter()
+    lines, tracebacks = relay.Filter(), relay.Tracebacks()
     for raw in stream:  # the last line comes too, with or without its newline
         text = severity.decode(raw)
-        if lines.keep(text):
-            writer.line(text)
-            failure = relay.known_failure(text)
+        if not lines.keep(text):
+            continue
+        for line in tracebacks.feed(text):
+            writer.line(line)
+            failure = relay.known_failure(line)
             if failure and failure not in failures:
                 failures.append(failure)
+    for line in tracebacks.flush():
+        writer.line(line)
+    if tracebacks.found and tracebacks.found not in failures:
+        failures.insert(0, tracebacks.found)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -266,3 +266,47 @@ def test_a_bad_flag_is_one_line_and_exit_2(capsys):
     assert capsys.readouterr().err.splitlines() == [
         "python -m trainer.run: error: argument --log-format: invalid choice: 'xml' (choose from 'auto', 'plain', 'json') "
         "(--help lists the flags)"]
+
+
+KERAS_FIT_DUMP = """Traceback (most recent call last):
+  File "/app/clicks.py", line 58, in <module>
+    model.fit(train, epochs=3, steps_per_epoch=20, verbose=2)
+  File "/opt/venv/lib/python3.11/site-packages/keras/src/utils/traceback_utils.py", line 122, in error_handler
+    raise e.with_traceback(filtered_tb) from None
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ValueError: Attempt to convert a value ({'numeric': PerReplica:{
+  0: <tf.Tensor: shape=(32, 3), dtype=float32, numpy=
+array([[ 0.12573022, -0.13210486,  0.64042264],
+       [ 0.10490011, -0.5356694 ,  0.36159506]], dtype=float32)>
+}}) with an unsupported type (<class 'dict'>) to a Tensor.
+""".splitlines(keepends=True)
+
+
+def feed_all(tracebacks, lines):
+    written = []
+    for line in lines:
+        written += tracebacks.feed(line)
+    return written + tracebacks.flush()
+
+
+def test_keras_fit_across_workers_is_one_line_without_its_traceback_or_batch():
+    from trainer import relay
+
+    tracebacks = relay.Tracebacks()
+    before = ["I0000 port.cc:153] oneDNN custom operations are on.\n", "Epoch 1/3\n"]
+    written = feed_all(tracebacks, before + KERAS_FIT_DUMP)
+    assert written == before  # what came before the traceback, as it came; nothing of the dump
+    assert tracebacks.found == relay.KERAS_FIT_ACROSS_WORKERS and "keras-team/keras#20585" in tracebacks.found
+    assert "trainer.loop.fit_model" in tracebacks.found and "\n" not in tracebacks.found
+
+
+def test_any_other_traceback_is_written_whole_and_in_order():
+    from trainer import relay
+
+    other = ["Traceback (most recent call last):\n", '  File "task.py", line 3, in <module>\n', "    open('x')\n",
+             "FileNotFoundError: [Errno 2] No such file or directory: 'x'\n", "after\n"]
+    tracebacks = relay.Tracebacks()
+    assert feed_all(tracebacks, other) == other and tracebacks.found is None
+    # A traceback the stream ends inside (the process was killed) is written out at the end.
+    cut = relay.Tracebacks()
+    assert feed_all(cut, other[:2]) == other[:2]
