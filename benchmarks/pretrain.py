@@ -33,7 +33,7 @@ REPO = os.path.dirname(BENCHMARKS)
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "cassava-trainer", "pretrained")
 CLASSES = ("horizontal stripes", "vertical stripes", "diagonal stripes", "anti-diagonal stripes", "checks", "rings",
            "spots", "smooth noise")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: written by tf-keras, read by tf-keras and Keras 3
 
 
 def weights_path(cache_dir: str, image_size: int, steps: int, batch: int, seed: int) -> str:
@@ -90,31 +90,31 @@ def generated_batches(image_size: int, batch: int, seed: int):
 
 def pretrain(args) -> None:
     sys.path.insert(0, REPO)
-    import trainer  # noqa: F401  (legacy Keras, as the trainer and the lab run)
+    # tf-keras writes the weights: its legacy .h5 is what both of the benchmark's Kerases load by
+    # name, tf-keras (the lab's recipe) and Keras 3 (the trainer), as both load ImageNet's.
     import tensorflow as tf
-
-    from trainer import precision
+    import tf_keras
 
     started, cpu_before = time.monotonic(), _cpu_seconds()
-    policy = precision.apply("auto")  # the fastest policy here: the weights are float32 whatever it is
-    tf.keras.utils.set_random_seed(args.seed)
-    images = tf.keras.Input((args.image_size, args.image_size, 3), dtype=tf.uint8)
-    x = tf.keras.applications.resnet50.preprocess_input(tf.cast(images, tf.float32))
-    base = tf.keras.applications.ResNet50(include_top=False, weights=None, pooling="avg",
-                                         input_shape=(args.image_size, args.image_size, 3))
+    policy = "float32"
+    tf_keras.utils.set_random_seed(args.seed)
+    images = tf_keras.Input((args.image_size, args.image_size, 3), dtype=tf.uint8)
+    x = tf_keras.applications.resnet50.preprocess_input(tf.cast(images, tf.float32))
+    base = tf_keras.applications.ResNet50(include_top=False, weights=None, pooling="avg",
+                                          input_shape=(args.image_size, args.image_size, 3))
     for layer in base.layers:  # from scratch: statistics that follow the weights (cassava.model)
-        if isinstance(layer, tf.keras.layers.BatchNormalization):
+        if isinstance(layer, tf_keras.layers.BatchNormalization):
             layer.momentum = 0.9
-    outputs = tf.keras.layers.Dense(len(CLASSES), activation="softmax", dtype="float32")(base(x))
-    model = tf.keras.Model(images, outputs)
-    model.compile(tf.keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    outputs = tf_keras.layers.Dense(len(CLASSES), activation="softmax", dtype="float32")(base(x))
+    model = tf_keras.Model(images, outputs)
+    model.compile(tf_keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
     train = generated_batches(args.image_size, args.batch, args.seed)
     held_out = generated_batches(args.image_size, args.batch, args.seed + 1000).take(8)
     epochs = 6
     history = model.fit(train, steps_per_epoch=args.steps // epochs, epochs=epochs, verbose=2)
     accuracy = float(model.evaluate(held_out, verbose=0)[1])
     for layer in base.layers:  # Keras' ImageNet weights carry momentum 0.99; it is not in the file
-        if isinstance(layer, tf.keras.layers.BatchNormalization):
+        if isinstance(layer, tf_keras.layers.BatchNormalization):
             layer.momentum = 0.99
     path = weights_path(args.cache_dir, args.image_size, args.steps, args.batch, args.seed)
     os.makedirs(args.cache_dir, exist_ok=True)

@@ -17,15 +17,17 @@ the repository; the report says what that cost.
 Each recipe trains as one MultiWorkerMirrored job of --workers processes on the same generated
 cassava-like TFRecords (`synthetic:N`, 5 classes, chance 0.20). --recipes picks among:
 
-  lab                    the codelab's recipe (seed 001), written as the codelab writes it: images
+  lab                    the codelab's recipe (seed 001) on tf-keras `fit` (TF_USE_LEGACY_KERAS=1, the
+                         Keras it trains across workers with), written as the codelab writes it: images
                          decoded, resized and scaled to [0, 1] as float32 on the host, shuffle(1000),
                          batched by the global batch, AutoShardPolicy.DATA; ResNet50 without top (the
                          weights file), GlobalAveragePooling2D, Dense(1016, relu), Dense(5, softmax);
                          Adam(1e-4); float32. Validation after every epoch through the same pipeline.
   lab-preprocessed       the same, with tf.keras.applications.resnet50.preprocess_input in place of
                          the division by 255 (the one line a user would change), nothing else.
-  trainer                `python -m trainer.launch --workers N -- python -m cassava.task ...
-                         --weights FILE` with every default except the sizes below.
+  trainer                `python -m trainer.launch --replicas N -- python -m cassava.task ...
+                         --weights FILE` with every default except the sizes below: Keras 3,
+                         trained by the runtime's own loop (trainer.loop).
   trainer-momentum-0.99  the same with --batch-norm-momentum 0.99 (Keras' own, the lab's), so that
                          the reader sees what the trainer's default 0.9 buys.
 
@@ -122,8 +124,7 @@ def lab_task(args) -> int:
     line per epoch on the chief, and JSON marks of where the job is (after the imports, at the
     start of each epoch and of its validation) that the benchmark's phase trace reads; they change
     nothing in the recipe."""
-    import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported, as the trainer does)
-    import tensorflow as tf
+    import tensorflow as tf  # tf.keras is tf-keras here: start_lab sets TF_USE_LEGACY_KERAS for the lab's job
 
     from cassava import data
 
@@ -245,7 +246,9 @@ def start_lab(args, data_dir: str, weights: str, preprocess: str, epochs: int) -
     cluster, tasks = launch.plan_cluster(args.workers, 0, False, ports.free_ports(args.workers, "localhost"))
     processes = []
     for task in tasks:
-        env = dict(os.environ, PYTHONPATH=REPO)
+        # The codelab's tf.keras as it ran multi-worker before this runtime's loop: legacy Keras
+        # (tf-keras), whose fit trains across workers; Keras 3's fit does not (docs/keras.md).
+        env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1")
         if args.workers > 1:
             env["TF_CONFIG"] = launch.tf_config(cluster, task)
         chief = task.task_type == "chief"
@@ -278,7 +281,7 @@ def start_trainer(args, data_root: str, work: str, weights: str, epochs: int, mo
     (and --batch-norm-momentum when `momentum` is given); its output on the returned pipe."""
     shutil.rmtree(work, ignore_errors=True)  # a fresh job: no backup to resume from
     return subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", "--workers", str(args.workers), "--work-dir", os.path.join(work, "launch"),
+        [sys.executable, "-m", "trainer.launch", "--replicas", str(args.workers), "--work-dir", os.path.join(work, "launch"),
          "--", "python", "-m", "cassava.task", "--dataset", f"synthetic:{args.images}", "--data-dir", data_root,
          "--image-size", str(args.image_size), "--per-replica-batch-size", str(args.batch), "--epochs", str(epochs),
          "--weights", weights, "--model-dir", os.path.join(work, "model"),

@@ -1,4 +1,4 @@
-"""ResNet50 training throughput: the lab's configuration against the trainer's defaults, side by side.
+"""ResNet50 training throughput: the lab's configuration, tf-keras `fit` and the trainer's Keras 3 loop, side by side.
 
     python benchmarks/train_step.py [--steps 4] [--rounds 8] [--batch 16] [--image-size 160] [--matmul-size 4096]
                                     [--matmul-repeats 5] [--results-dir DIR]
@@ -13,12 +13,19 @@ cores that makes, and what other processes and the hypervisor took meanwhile. A 
 depart from its configuration's median is flagged; the ratios come from the wall rates of the
 rounds where nothing was flagged, or, when fewer than half are clean, from CPU per image.
 
-  lab                          float32, float32 input scaled on the host (the codelab's model)
-  trainer default              uint8 input normalised in the model, `--mixed-precision auto` on this
-                               machine: mixed_float16 on GPUs with tensor cores; on CPUs with
-                               bfloat16 instructions, what trainer.precision's measurement picks
-                               (the same measurement a job makes at start); else float32
-  trainer, float32             when the default is not float32: the same model in float32
+  lab                          tf-keras `fit`, float32, float32 input scaled on the host (the
+                               codelab's model, as it ran multi-worker before this runtime's loop)
+  tf-keras fit, trainer's model the trainer's ResNet50 + head (uint8 input normalised and augmented
+                               in the model) built with tf-keras and trained by tf-keras `fit`, in
+                               the default's policy: what the runtime trained with until it moved to
+                               Keras 3
+  trainer default              the same model in Keras 3, trained by the runtime's own loop
+                               (trainer.loop, as a job compiles and steps it), `--mixed-precision
+                               auto` on this machine: mixed_float16 on GPUs with tensor cores; on
+                               CPUs with bfloat16 instructions, what trainer.precision's measurement
+                               of this model picks (the same measurement a job makes at start); else
+                               float32
+  trainer, float32             when the default is not float32: the Keras 3 loop in float32
   trainer, mixed_bfloat16      asked for explicitly, on a CPU: shows what bfloat16 does here
   trainer default + XLA + 8 steps/execution   on a GPU: the remaining speed flags
 
@@ -30,10 +37,12 @@ rate times that, and its share of the peak in its own precision. The batch is fe
 autotuning off (in_memory_batches says why: with it on, every round ended on a mark of a
 doubling timer, which made the rates 25.0 or 12.5 images/s whatever the configuration).
 
-The last line, `summary: default_over_lab=R default_over_best=B default_share_of_peak=S (...)`,
-gives the default's speed over the lab and over the faster of the trainer in float32 and in
-mixed_bfloat16 (on CPUs), its share of the peak, and the measure the ratios came from (wall
-rates of rounds where both had the same cores, or CPU seconds per image). The table also goes to benchmarks/results/train_step/KIND.md, one
+The last line, `summary: default_over_tf_keras=K default_over_lab=R default_over_best=B
+default_share_of_peak=S (...)`, gives the default's speed over tf-keras `fit` of the same model in
+the same policy (K, the Keras 3 loop against what it replaced), over the lab and over the faster
+of the trainer in float32 and in mixed_bfloat16 (on CPUs), its share of the peak, and the measure
+the ratios came from (wall rates of rounds where both had the same cores, or CPU seconds per
+image). The table also goes to benchmarks/results/train_step/KIND.md, one
 file per machine kind (benchmarks/machine.py).
 """
 
@@ -46,8 +55,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer import cli, precision, selfcheck  # noqa: E402  (trainer selects legacy Keras first)
+from trainer import cli, precision, selfcheck  # noqa: E402
+import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402  (legacy Keras, imported by name: the baselines' fit)
 
 # benchmarks/ is first on the path when this runs as a script
 import rounds as rounds_lib  # noqa: E402
@@ -87,11 +98,11 @@ def train_flops_per_image(image_size: int) -> float:
     registered statistics count them (a multiply-add is 2 FLOPs)."""
     from tensorflow.python.profiler import model_analyzer, option_builder
 
-    base = tf.keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
-                                          input_shape=(image_size, image_size, 3))
-    model = tf.keras.Sequential([base, tf.keras.layers.Dense(1024, activation="relu"),
-                                 tf.keras.layers.Dense(5, activation="softmax")])
-    loss = tf.keras.losses.SparseCategoricalCrossentropy()
+    base = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
+                                       input_shape=(image_size, image_size, 3))
+    model = keras.Sequential([base, keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(5, activation="softmax")])
+    loss = keras.losses.SparseCategoricalCrossentropy()
 
     @tf.function
     def step(images, labels):
@@ -106,39 +117,91 @@ def train_flops_per_image(image_size: int) -> float:
     return float(model_analyzer.profile(graph, options=options).total_float_ops)
 
 
-def lab_model(image_size: int) -> tf.keras.Model:
-    """The lab's model: ResNet50 on float32 input in [0, 1], GAP, Dense(1016), softmax, float32."""
-    tf.keras.mixed_precision.set_global_policy("float32")
-    base = tf.keras.applications.ResNet50(weights=None, include_top=False, input_shape=(image_size, image_size, 3))
-    x = tf.keras.layers.GlobalAveragePooling2D()(base.output)
-    x = tf.keras.layers.Dense(1016, activation="relu")(x)
-    outputs = tf.keras.layers.Dense(5, activation="softmax")(x)
-    model = tf.keras.Model(base.input, outputs)
-    model.compile(optimizer=tf.keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+def lab_model(image_size: int) -> tf_keras.Model:
+    """The lab's model in tf-keras: ResNet50 on float32 input in [0, 1], GAP, Dense(1016), softmax, float32."""
+    tf_keras.mixed_precision.set_global_policy("float32")
+    base = tf_keras.applications.ResNet50(weights=None, include_top=False, input_shape=(image_size, image_size, 3))
+    x = tf_keras.layers.GlobalAveragePooling2D()(base.output)
+    x = tf_keras.layers.Dense(1016, activation="relu")(x)
+    outputs = tf_keras.layers.Dense(5, activation="softmax")(x)
+    model = tf_keras.Model(base.input, outputs)
+    model.compile(optimizer=tf_keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
 
-def trainer_model(policy: str, jit_compile: bool, image_size: int, steps_per_execution: int) -> tf.keras.Model:
-    """The trainer's own ResNet50 + head under `policy`, compiled as a job compiles it (the
-    cassava task's optimizer, loss and metrics through trainer.plan, with the input-wait metric)."""
+def tf_keras_trainer_model(policy: str, image_size: int) -> tf_keras.Model:
+    """The trainer's model as the runtime built it before Keras 3: cassava's layers (the same
+    `call` code) on tf-keras' Layer, tf-keras' ResNet50 at batch-norm momentum 0.9, the dense head,
+    compiled with Adam, the sparse cross-entropy and accuracy, for tf-keras `fit`."""
     from cassava import model as model_lib
-    from cassava.task import CassavaTask
-    from trainer import config as config_lib, plan
-    from trainer.cluster import resolve
 
-    task, single = CassavaTask(), resolve({})
-    argv = ["--weights", "none", "--learning-rate", "1e-4", "--image-size", str(image_size),
-            "--steps-per-execution", str(steps_per_execution), *(["--jit-compile"] if jit_compile else [])]
-    config = config_lib.parse(argv, {}, single, task)
-    tf.keras.mixed_precision.set_global_policy(policy)
+    class Preprocess(tf_keras.layers.Layer):
+        call = model_lib.ResNetPreprocess.call
+
+    class Augment(tf_keras.layers.Layer):
+        call = model_lib.RandomCropFlip.call
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.crop_fraction, self.seed = model_lib.CROP_FRACTION, 0
+
+    tf_keras.mixed_precision.set_global_policy(policy)
     try:
-        run = plan.make_run(config, single, "one_device", replicas_in_sync=1, num_input_pipelines=1,
-                            steps_per_epoch=1000, validation_steps=None, shuffle_seed=config.seed)
-        model = model_lib.build(5, image_size, "none")
-        plan.compile_model(task, run, model, config, input_lanes=1)
+        images = tf_keras.Input((image_size, image_size, 3), dtype=tf.uint8)
+        base = tf_keras.applications.ResNet50(include_top=False, weights=None, input_shape=(image_size, image_size, 3),
+                                              pooling="avg")
+        for layer in base.layers:
+            if isinstance(layer, tf_keras.layers.BatchNormalization):
+                layer.momentum = model_lib.BATCH_NORM_MOMENTUM
+        x = tf_keras.layers.Dense(model_lib.HEAD_UNITS, activation="relu")(base(Augment()(Preprocess()(images))))
+        outputs = tf_keras.layers.Dense(5, activation="softmax", dtype="float32")(x)
+        model = tf_keras.Model(images, outputs)
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
         return model
     finally:
-        tf.keras.mixed_precision.set_global_policy("float32")
+        tf_keras.mixed_precision.set_global_policy("float32")
+
+
+def trainer_steps(policy: str, jit_compile: bool, image_size: int, steps_per_execution: int, spec):
+    """The trainer's own ResNet50 + head under `policy` in Keras 3, compiled as a job compiles it
+    (the cassava task's optimizer, loss and metrics through trainer.plan) and stepped by the
+    runtime's loop (trainer.loop.Steps, with its input-wait measurement) under a one-device
+    strategy, as a single-process job runs."""
+    from cassava import model as model_lib
+    from cassava.task import CassavaTask
+    from trainer import loop, plan
+
+    task, strategy = CassavaTask(), tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_physical_devices("GPU")
+                                                                    else "/cpu:0")
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        run = plan.make_run(_config(image_size, steps_per_execution, jit_compile), _single(), "one_device",
+                            replicas_in_sync=1, num_input_pipelines=1, steps_per_epoch=1000, validation_steps=None,
+                            shuffle_seed=0)
+        with strategy.scope():
+            model = model_lib.build(5, image_size, "none")
+            plan.compile_model(task, run, model)
+        steps = loop.Steps(strategy, model, steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        steps.build(spec)
+        return steps
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _single():
+    from trainer.cluster import resolve
+
+    return resolve({})
+
+
+def _config(image_size: int, steps_per_execution: int, jit_compile: bool):
+    from cassava.task import CassavaTask
+    from trainer import config as config_lib
+
+    argv = ["--weights", "none", "--learning-rate", "1e-4", "--image-size", str(image_size),
+            "--steps-per-execution", str(steps_per_execution), *(["--jit-compile"] if jit_compile else [])]
+    return config_lib.parse(argv, {}, _single(), CassavaTask())
 
 
 def in_memory_batches(images, labels) -> tf.data.Dataset:
@@ -168,31 +231,46 @@ def in_memory_batches(images, labels) -> tf.data.Dataset:
 
 
 class Configuration:
-    """A model built once, and a round of `steps` train steps on one in-memory batch."""
+    """A model built once, and a round of `steps` train steps on one in-memory batch: tf-keras
+    `fit` for a tf-keras `model`, the runtime's loop for Keras 3 `steps` (trainer.loop.Steps)."""
 
-    def __init__(self, name: str, model: tf.keras.Model, images, labels, steps_per_execution: int = 1,
-                 policy: str = "float32"):
-        self.name, self.model, self.policy = name, model, policy
+    def __init__(self, name: str, images, labels, *, model: tf_keras.Model | None = None, steps=None,
+                 steps_per_execution: int = 1, policy: str = "float32"):
+        self.name, self.model, self.steps, self.policy = name, model, steps, policy
         self.dataset = in_memory_batches(images, labels)
+        self.iterator = iter(self.dataset) if steps is not None else None
         self.batch = int(images.shape[0])
         self.steps_per_execution = steps_per_execution
 
     def run(self, steps: int) -> rounds_lib.Sample:
         steps = max(steps, self.steps_per_execution)
         with rounds_lib.Timer() as timer:
-            self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+            if self.model is not None:
+                self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+            else:
+                for _ in range(0, steps, self.steps_per_execution):
+                    self.steps.train(self.iterator, self.steps_per_execution)
+                self.steps.results()  # what the loop reads at an epoch's end; waits for the last step
+                self.steps.reset()
             return timer.sample(steps * self.batch)
+
+
+TF_KERAS_FIT = "tf-keras fit, trainer's model"
 
 
 def configurations(default_policy: str, gpu: bool, batch: int, image_size: int) -> list[Configuration]:
     images, labels = selfcheck.generated_batch(batch, image_size)
+    spec = in_memory_batches(images, labels).element_spec
 
     def trainer(name, policy, jit=False, spe=1):
-        return Configuration(name, trainer_model(policy, jit, image_size, spe), images, labels, spe, policy)
+        return Configuration(name, images, labels, steps=trainer_steps(policy, jit, image_size, spe, spec),
+                             steps_per_execution=spe, policy=policy)
 
-    configs = [Configuration("lab (float32, float32 input)", lab_model(image_size), images.astype("float32") / 255.0,
-                             labels),
-               trainer(f"trainer default ({default_policy})", default_policy)]
+    configs = [Configuration("lab (tf-keras fit, float32, float32 input)", images.astype("float32") / 255.0, labels,
+                             model=lab_model(image_size)),
+               trainer(f"trainer default ({default_policy})", default_policy),
+               Configuration(f"{TF_KERAS_FIT} ({default_policy})", images, labels,
+                             model=tf_keras_trainer_model(default_policy, image_size), policy=default_policy)]
     if default_policy != "float32":
         configs.append(trainer("trainer, float32 (uint8 input)", "float32"))
     if gpu:
@@ -248,12 +326,15 @@ def report(raw: dict) -> str:
     policies = {default_name: raw["default_policy"], "trainer, float32 (uint8 input)": "float32",
                 "trainer, mixed_bfloat16 (asked for)": "mixed_bfloat16"}
     over_lab = rounds_lib.compare(table, lab_name, default_name)
+    over_tf_keras = rounds_lib.compare(table, raw["tf_keras"], default_name)
     others = [name for name in table if name in policies and name != default_name]
     over_best = min([rounds_lib.compare(table, other, default_name) for other in others], key=lambda c: c.value,
                     default=rounds_lib.Comparison(1.0, over_lab.measure, over_lab.clean_rounds, over_lab.rounds))
     over_best_value = min(over_best.value, 1.0) if others else 1.0
-    measure_line = f"Ratios from {over_lab.describe()}."
-    summary = (f"summary: default_over_lab={over_lab.value:.2f} default_over_best={over_best_value:.2f} "
+    measure_line = (f"Ratios from {over_lab.describe()}. The trainer's default against tf-keras `fit` of the same "
+                    f"model in the same policy: x{over_tf_keras.value:.2f}, from {over_tf_keras.describe()}.")
+    summary = (f"summary: default_over_tf_keras={over_tf_keras.value:.2f} default_over_lab={over_lab.value:.2f} "
+               f"default_over_best={over_best_value:.2f} "
                f"default_share_of_peak={shares[default_name]:.2f} "
                f"(batch {options['batch']}, {options['image_size']} px, {options['rounds']} rounds of {options['steps']} "
                f"steps, from {over_lab.measure})")
@@ -279,7 +360,12 @@ def main(argv=None) -> int:
               "positive", file=sys.stderr)
         return 2
     devices = precision.local_devices()
-    measured = precision.measure_cpu() if devices.bfloat16_native and not devices.float16_fast else None
+    measured = None
+    if devices.bfloat16_native and not devices.float16_fast:
+        from cassava import model as model_lib
+
+        images, _ = selfcheck.generated_batch(min(args.batch, 16), args.image_size)
+        measured = precision.measure_model(lambda: model_lib.build(5, args.image_size, "none"), tf.constant(images))
     default = precision.choose("auto", devices, measured)
     gpu = bool(devices.gpu_capabilities)
     print(f"machine: {cpu_model()}", flush=True)
@@ -294,7 +380,8 @@ def main(argv=None) -> int:
     table = measure(configs, args.steps, args.rounds)
     raw = {"tensorflow": tf.__version__, "device": device_line[len("device: "):], "default_policy": default.policy,
            "options": {"batch": args.batch, "image_size": args.image_size, "steps": args.steps, "rounds": args.rounds},
-           "lab": configs[0].name, "default": configs[1].name, "dtypes": dtypes, "peaks": peaks,
+           "lab": configs[0].name, "default": configs[1].name, "tf_keras": configs[2].name, "dtypes": dtypes,
+           "peaks": peaks,
            "matmul": {"size": args.matmul_size, "repeats": args.matmul_repeats}, "flops_per_image": flops,
            "flops_source": FLOPS_SOURCE,
            "table": {name: [dataclasses.asdict(sample) for sample in samples] for name, samples in table.items()}}
