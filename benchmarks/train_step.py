@@ -294,7 +294,8 @@ def measure(configs: list[Configuration], steps: int, rounds: int) -> dict[str, 
 
 def report(raw: dict) -> str:
     """The results file's body, from the run's raw rounds alone (main's `raw`)."""
-    table = {name: [rounds_lib.Sample(**sample) for sample in samples] for name, samples in raw["table"].items()}
+    # In the order the configurations ran (the raw file's keys may come back sorted).
+    table = {name: [rounds_lib.Sample(**sample) for sample in raw["table"][name]] for name in raw["order"]}
     options, lab_name, default_name = raw["options"], raw["lab"], raw["default"]
     flops, peaks, dtypes = raw["flops_per_image"], raw["peaks"], raw["dtypes"]
     header = ("| configuration | images/s (wall) | CPU s/image | cores | others' cores | rounds flagged | over the lab "
@@ -384,6 +385,7 @@ def main(argv=None) -> int:
            "peaks": peaks,
            "matmul": {"size": args.matmul_size, "repeats": args.matmul_repeats}, "flops_per_image": flops,
            "flops_source": FLOPS_SOURCE,
+           "order": list(table),
            "table": {name: [dataclasses.asdict(sample) for sample in samples] for name, samples in table.items()}}
     body = report(raw)
     print(body, flush=True)

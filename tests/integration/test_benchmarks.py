@@ -109,7 +109,8 @@ def test_input_pipeline_benchmark_prints_its_summary_and_writes_its_results_file
     assert renders_again(tmp_path / "results", "input_pipeline")
 
 
-def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_writes_its_results_file(tmp_path):
+def test_train_step_benchmark_runs_the_lab_and_tf_keras_fit_against_the_trainer_default_and_writes_its_results_file(
+        tmp_path):
     argv = ["--steps", "1", "--batch", "2", "--image-size", "32", "--rounds", "3", "--matmul-size", "256",
             "--matmul-repeats", "2", "--results-dir", str(tmp_path)]
     days = {datetime.date.today().isoformat()}
@@ -121,10 +122,13 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_write
     assert re.search(r"^machine: .+: ", result.stdout, re.M), result.stdout  # figures say where they come from
     # One row per configuration: wall rate, CPU seconds per image, cores, others' cores, rounds flagged, ratio.
     rows = {name: values for name, *values in re.findall(
-        r"^\| (lab \(float32, float32 input\)|trainer[^|]*?) \| (\d+\.\d\d) \| (\d+\.\d{4}) \| (\d+\.\d\d) \| (\d+\.\d\d) "
+        r"^\| (lab \(tf-keras fit, float32, float32 input\)|trainer[^|]*?|tf-keras fit, trainer's model \(\w+\)) \| "
+        r"(\d+\.\d\d) \| (\d+\.\d{4}) \| (\d+\.\d\d) \| (\d+\.\d\d) "
         r"\| (\d) of 3 \| x(\d+\.\d\d) \| (\d+) \| (\d+)% of (float32|bfloat16|float16) \|$", result.stdout, re.M)}
-    lab, default = rows["lab (float32, float32 input)"], rows[f"trainer default ({policy})"]
-    assert lab[5] == "1.00" and len(rows) >= 3, result.stdout  # the default and the other policy
+    lab, default = rows["lab (tf-keras fit, float32, float32 input)"], rows[f"trainer default ({policy})"]
+    tf_keras = rows[f"tf-keras fit, trainer's model ({policy})"]  # what the Keras 3 loop replaced, in the same policy
+    assert lab[5] == "1.00" and len(rows) >= 4, result.stdout  # the default, tf-keras fit and the other policy
+    assert tf_keras[-1] == default[-1]
     # The peak in each precision, measured in the run, and the step's FLOPs from the profiler: each
     # row's GFLOP/s is its rate times the FLOPs, its share that over the peak in its own precision.
     peaks = {dtype: float(value) for value, dtype in re.findall(r"(\d+) GFLOP/s in (\w+)", result.stdout.split("peak: ")[1]
@@ -137,7 +141,8 @@ def test_train_step_benchmark_runs_the_lab_against_the_trainer_default_and_write
         assert abs(float(share) - 100 * float(rate) * flops / peaks[dtype]) <= 1 + 0.02 * float(share)
     for rate, cpu, cores, *_ in rows.values():  # cores are the CPU seconds per wall second of the rates shown
         assert float(cores) > 0 and abs(float(rate) * float(cpu) - float(cores)) < 0.35 * float(cores) + 0.02
-    summary = re.search(r"^summary: default_over_lab=(\d+\.\d\d) default_over_best=(\d+\.\d\d) default_share_of_peak="
+    summary = re.search(r"^summary: default_over_tf_keras=\d+\.\d\d default_over_lab=(\d+\.\d\d) "
+                        r"default_over_best=(\d+\.\d\d) default_share_of_peak="
                         r"(\d+\.\d\d) \(batch 2, 32 px, 3 rounds of 1 steps, from (wall|cpu)\)$", result.stdout, re.M)
     assert summary and summary.group(1) == default[5], result.stdout
     assert abs(100 * float(summary.group(3)) - float(default[-2])) <= 0.6
