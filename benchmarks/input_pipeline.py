@@ -35,7 +35,6 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import trainer  # noqa: E402,F401  (selects tf-keras before TensorFlow is imported)
 from trainer import cli, stopping, storage  # noqa: E402
 
 # What cassava.task sets before TensorFlow starts: the GCS client reads these when TensorFlow

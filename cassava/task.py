@@ -134,8 +134,10 @@ class CassavaTask(Task):
             image_size=flags.image_size,
             per_replica_batch_size=run.per_replica_batch_size,
             training=training,
-            cache=data.should_cache(flags.cache_images, split.num_examples, flags.image_size, run.num_input_pipelines,
-                                    examples_read),
+            # Not for a dataset the runtime only looks into (run.trains False: one batch to time the
+            # model): tf.data warns on stderr when a cache is left half read.
+            cache=run.trains and data.should_cache(flags.cache_images, split.num_examples, flags.image_size,
+                                                   run.num_input_pipelines, examples_read),
             shuffle_buffer=flags.shuffle_buffer,
             seed=run.shuffle_seed,
             trace_path=trace_path,

@@ -10,6 +10,9 @@ the step the whole one: a wait is always part of the step it delays, so the epoc
 never exceed 1, in any strategy, however busy the machine is. When the pipeline keeps ahead of
 the model, a batch waits in a prefetch buffer and the wait is a few microseconds.
 
+The run's first call of the train function is left out (trainer.loop): it waits for the input
+pipeline to start, whatever the pipeline, which says nothing of whether the job is input-bound.
+
 A synchronous step (MultiWorkerMirroredStrategy, mirrored) goes at the pace of its last replica's
 batch, so each replica books the longest wait of the step over the replicas (one small all-reduce
 beside the gradients'), capped by its own step's time.

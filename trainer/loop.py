@@ -114,6 +114,7 @@ class Steps:
         self._train_one = tf.function(lambda iterator: self.strategy.run(self._train_step, args=(next(iterator),)))
         self._test = tf.function(self._test_steps)
         self._read = tf.function(self._metric_results)
+        self._started = False
         self._sync = tf.function(self._sync_state)
 
     # -- building ---------------------------------------------------------------------------
@@ -232,6 +233,13 @@ class Steps:
             self.coordinator.schedule(function, args=args)
         else:
             function(*args)
+        if not self._started:
+            # The run's first call waits for the input pipeline to start (and, under
+            # ParameterServerStrategy, for every worker to build it): no pipeline avoids that, and
+            # it says nothing of whether the job is input-bound, so it is not counted.
+            self._started = True
+            self.wait()
+            self.input_wait.reset()
 
     def test(self, iterator, steps: int) -> None:
         self._test(iterator, tf.constant(steps))

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 
-import trainer  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 from trainer import cli
 
 

@@ -5,7 +5,6 @@ import itertools
 import numpy as np
 import pytest
 
-import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf
 
 from cassava import model as model_lib

@@ -70,8 +70,8 @@ def test_a_lasting_outage_is_one_line_and_the_retryable_exit_code(gcs, data_root
     assert set(before) <= set(gcs.list("outage"))  # nothing already written was lost
 
 
-# A backup is about 25 requests: the data and index under ckpt-N_temp/, renamed (a copy and a
-# delete each on Cloud Storage) to ckpt-N, then the `checkpoint` state file (written under a
+# A backup is about 25 requests: the data and index under backup-N_temp/, renamed (a copy and a
+# delete each on Cloud Storage) to backup-N, then the `checkpoint` state file (written under a
 # temporary name and renamed), then the older backup deleted. Where the second backup's writer
 # dies, by its k-th request, and whether the state file had been renamed into place by then:
 KILL_POINTS = {"data upload": (2, False), "state file rename": (17, False), "old backup deletion": (20, True)}
@@ -91,7 +91,7 @@ def test_a_task_killed_mid_backup_write_resumes_from_the_last_complete_backup(gc
     def kill_at_point(method, path):
         if method == "GET":
             return False
-        if "ckpt-2_temp%2F&" in path or second_backup:
+        if "backup-2_temp%2F&" in path or second_backup:
             second_backup.append(path)
         if len(second_backup) == KILL_POINTS[point][0] + 1:
             os.killpg(process.pid, signal.SIGKILL)  # the request it was making never arrives
@@ -156,5 +156,8 @@ def test_sigterm_to_one_worker_backs_up_into_the_bucket_and_the_rerun_resumes_th
     match = re.search(r"^\[chief-0\] cassava.task: preempted \(SIGTERM\): saved a backup; a restart resumes at "
                       r"epoch (\d+) step (\d+) \(exit 143\)$", first, re.M)
     assert match, first[-3000:]
-    assert any(name.startswith("checkpoints/backup/chief/ckpt-") for name in gcs.list("preempted", "checkpoints/"))
+    # The chief's backup is in the bucket; every other worker wrote its copy to a scratch directory of its own.
+    names = gcs.list("preempted", "checkpoints/")
+    assert any(name.startswith("checkpoints/backup/backup-") for name in names), names
+    assert not [name for name in names if "worker" in name], names
     assert resumed_at(rerun(args, env)) == (int(match.group(1)), int(match.group(2)))

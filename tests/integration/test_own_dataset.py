@@ -8,7 +8,6 @@ import re
 
 import numpy as np
 
-import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf
 
 from helpers import run_module

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from helpers import REPO, clean_env
 
-import trainer  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import tensorflow as tf
 
 from cassava import data, records, sources, synthetic
 from cassava.spec import DatasetSpec
+from trainer import inputs
 
 ALL = ("train",)
 
@@ -57,8 +57,8 @@ def test_labels_and_ids_come_out_as_they_went_in(eight_files, cache):
     options = data.PipelineOptions(image_size=32, per_replica_batch_size=4, training=False, cache=cache)
     dataset = data.make_dataset(split, options)
     labels, count = [], 0
-    for features, label in dataset:
-        assert features["image"].dtype == tf.uint8 and features["image"].shape[1:] == (32, 32, 3)
+    for images, label in dataset:
+        assert images.dtype == tf.uint8 and images.shape[1:] == (32, 32, 3)
         labels.extend(label.numpy().tolist())
         count += label.shape[0]
     assert count == 40 and sorted(labels) == sorted(expected.values())
@@ -72,7 +72,7 @@ def test_labels_and_ids_come_out_as_they_went_in(eight_files, cache):
 ])
 def test_no_example_dropped_or_duplicated_across_workers(request, fixture, workers, mode):
     split, expected = request.getfixturevalue(fixture)
-    assert data.sharding_mode(split.num_files, workers) == mode
+    assert inputs.sharding_mode(split.num_files, workers) == mode
     seen = []
     for worker in range(workers):
         context = tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=worker, num_replicas_in_sync=workers)
@@ -135,7 +135,7 @@ def test_later_passes_cover_the_shard_once_each_in_a_new_order(eight_files):
         passes.append([int(v) for _ in range(5) for v in next(iterator)[1].numpy()])  # 5 x 8 = all 40
     for labels in passes:
         assert sorted(labels) == sorted(expected.values())
-    images = iter(dataset.unbatch().map(lambda features, label: features["image"]))
+    images = iter(dataset.unbatch().map(lambda image, label: image))
     first, second = ([next(images).numpy().tobytes() for _ in range(40)] for _ in range(2))
     assert sorted(first) == sorted(second) and first != second
 
@@ -244,7 +244,7 @@ def test_training_batches_are_full_with_a_static_size_when_images_are_dropped(tm
     options = data.PipelineOptions(image_size=16, per_replica_batch_size=4, training=True, cache=cache,
                                    shuffle_buffer=8, seed=1, trace_path=str(trace))
     dataset = data.make_dataset(split, options)
-    assert dataset.element_spec[0]["image"].shape.as_list() == [4, 16, 16, 3]
+    assert dataset.element_spec[0].shape.as_list() == [4, 16, 16, 3]
     assert dataset.element_spec[1].shape.as_list() == [4]
     sizes = [int(labels.shape[0]) for _, labels in dataset.take(12)]
     assert sizes == [4] * 12
