@@ -58,7 +58,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainer import cli, precision, selfcheck  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402  (legacy Keras, imported by name: the baselines' fit)
 
 # benchmarks/ is first on the path when this runs as a script
 import rounds as rounds_lib  # noqa: E402
@@ -119,6 +118,7 @@ def train_flops_per_image(image_size: int) -> float:
 
 def lab_model(image_size: int) -> tf_keras.Model:
     """The lab's model in tf-keras: ResNet50 on float32 input in [0, 1], GAP, Dense(1016), softmax, float32."""
+    import tf_keras  # legacy Keras by name, here only: a TensorFlow without a tf-keras yet (2.22.0rc0) still reads results
     tf_keras.mixed_precision.set_global_policy("float32")
     base = tf_keras.applications.ResNet50(weights=None, include_top=False, input_shape=(image_size, image_size, 3))
     x = tf_keras.layers.GlobalAveragePooling2D()(base.output)
@@ -133,6 +133,8 @@ def tf_keras_trainer_model(policy: str, image_size: int) -> tf_keras.Model:
     """The trainer's model as the runtime built it before Keras 3: cassava's layers (the same
     `call` code) on tf-keras' Layer, tf-keras' ResNet50 at batch-norm momentum 0.9, the dense head,
     compiled with Adam, the sparse cross-entropy and accuracy, for tf-keras `fit`."""
+    import tf_keras
+
     from cassava import model as model_lib
 
     class Preprocess(tf_keras.layers.Layer):

@@ -59,12 +59,24 @@ if [ -n "$tensorflow" ] && [ "$tensorflow" != "$pinned" ]; then
     tf_keras=""
     echo "lock.sh: the registry has no tf-keras for TensorFlow ${minor}: these locks leave tf-keras out" >&2
   fi
-  python3 - "$project" "$tensorflow" "$tf_keras" <<'PY'
+  # A release candidate may depend on keras-nightly instead of keras (2.22.0rc0 does). Both wheels
+  # install the same `keras` package folder, so the runtime's own keras requirement goes, and
+  # keras-nightly, TensorFlow's, is the one Keras in the lock.
+  keras=keras
+  if echo "tensorflow-cpu==${tensorflow}" | uv pip compile - --python-version "$PYTHON_MINOR" \
+       --python-platform x86_64-manylinux_2_28 --prerelease allow --no-header --quiet 2>/dev/null \
+       | grep -q '^keras-nightly=='; then
+    keras=""
+    echo "lock.sh: tensorflow-cpu ${tensorflow} depends on keras-nightly: these locks take it in place of keras" >&2
+  fi
+  python3 - "$project" "$tensorflow" "$tf_keras" "$keras" <<'PY'
 import re, sys
-path, version, tf_keras = sys.argv[1:]
+path, version, tf_keras, keras = sys.argv[1:]
 text = open(path).read()
 text = re.sub(r'"(tensorflow(?:-cpu)?)==[^"]+"', rf'"\1=={version}"', text)
 text = re.sub(r'"(keras|tensorboard)==[^"]+"', r'"\1"', text)  # whatever that TensorFlow accepts
+if not keras:
+    text = re.sub(r'\n *"keras",', "", text)
 text = re.sub(r'\n *"tf-keras==[^"]+",', f'\n    "{tf_keras}",' if tf_keras else "", text)
 open(path, "w").write(text)
 PY
@@ -114,6 +126,7 @@ compile images/cpu/requirements.lock cpu
 compile requirements/dev.lock cpu cassava test submit serving profile
 # The prediction image: TensorFlow and the HTTP server alone (pyproject.toml's cpu and serving
 # extras, not the runtime's Keras packages), at the CPU runtime's versions where both have a package.
+mkdir -p "$root/images/serving"
 python3 - "$project" > "$root/images/serving/requirements.in" <<'PY'
 import sys, tomllib
 extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
