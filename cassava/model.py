@@ -11,6 +11,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from trainer import layers
+
 HEAD_UNITS = 1024
 # ResNet50's ImageNet preprocessing ("caffe" mode): BGR channel order, mean subtracted.
 IMAGENET_BGR_MEAN = (103.939, 116.779, 123.68)
@@ -94,6 +96,9 @@ def build(num_classes: int, image_size: int, weights: str, architecture: str = "
             input_shape=(image_size, image_size, 3),
             pooling="avg",
         )
+        # Keras 3's batch normalization runs unfused and in float32 on TensorFlow: the fused kernel
+        # takes a third less CPU per image here (trainer.layers says what was measured).
+        base = layers.fuse_batch_norm(base)
         for layer in base.layers:
             if isinstance(layer, keras.layers.BatchNormalization):
                 layer.momentum = batch_norm_momentum

@@ -20,6 +20,7 @@ package may change between releases:
 | trainer.tasks    | Task, Run, Examples, DataError                                         |
 | trainer.fit      | run, main, build_parser, load_task; `python -m trainer.fit --task M`    |
 | trainer.loop     | fit_model, Steps, fit, Events                                          |
+| trainer.layers   | FusedBatchNormalization, fuse_batch_norm                               |
 | trainer.inputs   | shard, shard_files, shard_records, sharding_mode, FILE, DATA, without_autoshard |
 | trainer.cli      | OneLineParser, whole_number, at_least, positive_int, non_negative_int, positive_float, fraction |
 | trainer.precision| float32_policy                                                         |
