@@ -134,8 +134,10 @@ class CassavaTask(Task):
             image_size=flags.image_size,
             per_replica_batch_size=run.per_replica_batch_size,
             training=training,
-            cache=data.should_cache(flags.cache_images, split.num_examples, flags.image_size, run.num_input_pipelines,
-                                    examples_read),
+            # Not for a look (run.trains False: the precision probe reads one batch): a cache it
+            # began would be dropped unfinished, with TensorFlow's warning on stderr.
+            cache=run.trains and data.should_cache(flags.cache_images, split.num_examples, flags.image_size,
+                                                   run.num_input_pipelines, examples_read),
             shuffle_buffer=flags.shuffle_buffer,
             seed=run.shuffle_seed,
             trace_path=trace_path,
