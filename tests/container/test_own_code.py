@@ -61,8 +61,9 @@ def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(en
     if it exits on its own; either way Vertex restarts the whole job on new machines, which finishes."""
     job = handwritten_job(autopackaged_image, "own-spot", {
         "command": ["python", "-m", "trainer.run", "--"],
-        "args": ["python", "task.py", "--epochs", "30", "--steps-per-epoch", "100"]})
-    # Early in a run of 30 epochs (a short run could finish before the SIGTERM arrives).
+        "args": ["python", "task.py", "--epochs", "30", "--steps-per-epoch", "300"]})
+    # Early in a run of 30 epochs, which lasts about a minute here (9,000 steps at about 150 a
+    # second): a run that ended within the 30 s grace would exit 0, not be stopped.
     result = run_local(engine, tmp_path, job, "--keep", str(tmp_path / "kept"), "--preempt", "workerpool1-0@/Epoch 2.30/")
     assert result.returncode == 0, result.stdout[-5000:]
     notes = lines(result.stdout, "local-run")
@@ -108,7 +109,7 @@ def test_a_preempted_pod_of_the_script_in_the_jobset_restarts_the_jobset(engine,
     manifest = yaml.safe_load(printed)
     for rjob in manifest["spec"]["replicatedJobs"]:
         rjob["template"]["spec"]["template"]["spec"]["containers"][0]["args"] = [
-            "--epochs", "40", "--steps-per-epoch", "100"]
+            "--epochs", "40", "--steps-per-epoch", "250"]  # about a minute here (see above)
     (tmp_path / "jobset.yaml").write_text(yaml.safe_dump(manifest))
     result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0],
                              "--preempt", "own-spot-worker-0-0@/Epoch 2.40/", "--jobset", str(tmp_path / "jobset.yaml")],
