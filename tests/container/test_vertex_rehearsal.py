@@ -78,7 +78,7 @@ def test_mwms_job_from_a_dry_run_spec_reads_from_gcs_files_and_writes_to_the_buc
     assert "data: train_examples=40 sharding=FILE" in chief, chief[-3000:]  # 6 files from /gcs/, 3 workers
     kept = tmp_path / "kept" / "vx-mwms" / "job"
     assert (kept / "model" / "saved_model.pb").exists()
-    assert (kept / "checkpoints" / "epoch-0002.index").exists()
+    assert (kept / "checkpoints" / "epoch-2.index").exists()
     assert [p.name for p in (kept / "logs" / "train").iterdir() if p.name.startswith("events.out.tfevents.")]
     # Each replica was told its Vertex role, and the output directories under the base.
     assert any(line.endswith("role: worker-1, strategy: multi_worker_mirrored, model dir: gs://vx-mwms/job/model/")
@@ -105,7 +105,7 @@ def test_parameter_server_job_with_an_evaluator(engine, cpu_image, tmp_path):
     assert set(rows) == {"workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0", "workerpool3-0"}
     assert rows["workerpool0-0"] == ([0], 0)
     kept = tmp_path / "kept" / "vx-pss" / "job"
-    assert (kept / "model" / "saved_model.pb").exists() and (kept / "checkpoints" / "epoch-0002.index").exists()
+    assert (kept / "model" / "saved_model.pb").exists() and (kept / "checkpoints" / "epoch-2.index").exists()
     assert any("role: evaluator" in line for line in lines(result.stdout, "workerpool3-0", "INFO")), result.stdout[-4000:]
     assert any("role: ps-0" in line for line in lines(result.stdout, "workerpool2-0", "INFO"))
     assert leftovers(engine) == []
@@ -285,7 +285,7 @@ def test_a_handwritten_custom_job_runs_unchanged_with_vertex_environment(engine,
     assert (tmp_path / "kept" / "vx-own" / "run" / "model" / "saved_model.pb").exists()
     # What the trainer wrote to gs:// is there under /gcs/, as the chief lists it after training.
     under_gcs = [line for line in lines(result.stdout, "workerpool0-0", "INFO") if line.startswith("./")]
-    assert {"./model/saved_model.pb", "./checkpoints/epoch-0001.index"} <= set(under_gcs), under_gcs
+    assert {"./model/saved_model.pb", "./checkpoints/epoch-1.index"} <= set(under_gcs), under_gcs
     assert any(line.startswith("./logs/train/events.out.tfevents.") for line in under_gcs), under_gcs
     kept = {"./" + p.relative_to(tmp_path / "kept" / "vx-own" / "run").as_posix()
             for p in (tmp_path / "kept" / "vx-own" / "run").rglob("*") if p.is_file()}
