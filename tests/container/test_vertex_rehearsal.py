@@ -184,7 +184,7 @@ ANNOUNCE = "test -e /tmp/been-here && echo same disk || echo new disk; touch /tm
 @pytest.mark.parametrize("restart_all", [False, True])
 def test_maintenance_brings_a_replica_back_on_another_machine_under_its_name(engine, base_image, tmp_path, restart_all):
     # (A shell that is a container's first process ignores SIGTERM unless it traps it.)
-    spec = sh_job(base_image, ANNOUNCE + "trap 'exit 143' TERM; sleep 25 & wait",
+    spec = sh_job(base_image, ANNOUNCE + "trap 'exit 143' TERM; sleep 12 & wait",
                   ANNOUNCE + "echo ready; trap 'exit 143' TERM; sleep 600 & wait",
                   **({"restartJobOnWorkerRestart": True} if restart_all else {}))
     result = run_local(engine, tmp_path, spec, "--maintenance", "workerpool1-0@/ready/")
@@ -363,7 +363,7 @@ except OSError:
 idle = socket.create_connection((proxy.hostname, proxy.port))  # connects and sends nothing
 import tensorflow as tf
 print("gs:// while a client sits idle:", tf.io.gfile.GFile("gs://vx-probe/staged.txt").read(), flush=True)
-time.sleep(20)  # while the test knocks from outside the job's network
+time.sleep(10)  # while the test knocks from outside the job's network (it does on the first line)
 """
 
 
