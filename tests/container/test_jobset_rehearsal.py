@@ -5,6 +5,7 @@ its cluster but what a pod has: each pod must find it by itself (trainer/cluster
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import yaml
@@ -51,6 +52,10 @@ def test_a_mwms_jobset_trains_with_each_pod_finding_its_cluster(engine, cpu_imag
         said = "\n".join(lines(result.stdout, pod))
         assert f"role: {role}, strategy: multi_worker_mirrored" in said, said[-3000:]
     assert "replicas=3" in "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
+    # A Keras 3 Task, trained by the runtime's loop: every pod ends with the same weights.
+    weights = {pod: re.findall(r"trainer: trained 1 epochs of \d+ steps; weights ([0-9a-f]+) \(every worker's are the same\)",
+                               "\n".join(lines(result.stdout, pod))) for pod in roles}
+    assert len(set(map(tuple, weights.values()))) == 1 and len(weights[f"{name}-chief-0-0"]) == 1, weights
     assert lines(result.stdout, "local-run", "INFO")[-1].endswith("succeeded (successPolicy met)"), result.stdout[-2000:]
     assert leftovers(engine) == []
 

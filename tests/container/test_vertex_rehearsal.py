@@ -84,6 +84,12 @@ def test_mwms_job_from_a_dry_run_spec_reads_from_gcs_files_and_writes_to_the_buc
     assert any(line.endswith("role: worker-1, strategy: multi_worker_mirrored, model dir: gs://vx-mwms/job/model/")
                for line in lines(result.stdout, "workerpool1-1", "INFO")), result.stdout[-4000:]
     assert "replicas=3" in chief
+    # A Keras 3 Task, trained by the runtime's loop on three workers that end with the same weights.
+    run = json.loads((kept / "model" / "run.json").read_text())
+    assert (run["versions"]["keras"], run["strategy"], run["replicas_in_sync"]) == ("3.15.1", "multi_worker_mirrored", 3), run
+    weights = {replica: re.findall(r"trainer: trained 2 epochs of \d+ steps; weights ([0-9a-f]+) ", "\n".join(lines(result.stdout, replica)))
+               for replica in ("workerpool0-0", "workerpool1-0", "workerpool1-1")}
+    assert len(set(map(tuple, weights.values()))) == 1 and len(weights["workerpool0-0"]) == 1, weights
     # Progress is INFO (stdout); nothing the trainer logs as progress reads as an error.
     assert any("trainer: epoch 2/2 ends: accuracy=" in line for line in lines(result.stdout, "workerpool0-0", "INFO"))
     errors = [line for r in ("workerpool0-0", "workerpool1-0", "workerpool1-1")
