@@ -52,13 +52,15 @@ rm -rf "$rootfs"
 libraries=ca-certificates,netbase,tzdata,libssl3,libffi8,libsqlite3-0,libbz2-1.0,liblzma5,zlib1g,libncursesw6,libtinfo6,libreadline8,libgdbm6,libgdbm-compat4,libdb5.3,libuuid1,libnsl2,libtirpc3
 debootstrap --variant=minbase --include="$libraries" bookworm "$rootfs" ${mirror:+"$mirror"} \
   >"$IMAGES_WORK/debootstrap.log" 2>&1 || { tail -20 "$IMAGES_WORK/debootstrap.log" >&2; exit 1; }
-# The interpreter, its shared library and its standard library (not the tests, nor what this
-# machine installed into its site-packages) into /usr/local, with the official image's names.
+# The interpreter, its shared library and its standard library (not what this machine installed
+# into its site-packages) into /usr/local, with the official image's names, less what the official
+# image's build deletes: every test, tests and idle_test folder, the static libpython*.a (44 MB)
+# and compiled bytecode (docker-library/python's Dockerfile, `find /usr/local -depth ... -exec rm`).
 mkdir -p "$rootfs/usr/local/bin" "$rootfs/usr/local/lib"
 cp -a "$prefix/bin/python$minor" "$rootfs/usr/local/bin/"
 cp -a "$prefix"/lib/libpython"$minor"*.so* "$rootfs/usr/local/lib/"
-tar -C "$prefix/lib" --exclude="python$minor/test" --exclude="python$minor/site-packages/*" \
-  --exclude='__pycache__' -c "python$minor" | tar -C "$rootfs/usr/local/lib" -x
+tar -C "$prefix/lib" --exclude="python$minor/site-packages/*" --exclude=test --exclude=tests --exclude=idle_test \
+  --exclude='libpython*.a' --exclude='__pycache__' --exclude='*.pyc' -c "python$minor" | tar -C "$rootfs/usr/local/lib" -x
 for name in python3 python; do ln -s "python$minor" "$rootfs/usr/local/bin/$name"; done
 chroot "$rootfs" /sbin/ldconfig
 # pip and setuptools from ensurepip's bundled wheels, as the official images' build installs them.

@@ -35,12 +35,23 @@ def checkpoint_epoch(path: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def newest_checkpoint(checkpoint_dir: str) -> str | None:
+    """The newest epoch checkpoint in `checkpoint_dir` (`.../epoch-N`), found by listing the index
+    files, which the saver writes after the data files (and which an object store shows whole or
+    not at all), not from the `checkpoint` state file tf.train.latest_checkpoint reads: TensorFlow's
+    Cloud Storage client keeps a file's size for 5 s (GCS_STAT_CACHE_MAX_AGE), so a state file
+    rewritten within them is read cut short ("ParseError ... Checkpoint ignored" on stderr) and the
+    newest epoch is missed until then. Listings are not cached."""
+    prefixes = [path[:-len(".index")] for path in tf.io.gfile.glob(outputs.join(checkpoint_dir, "epoch-*.index"))]
+    return max(prefixes, key=checkpoint_epoch, default=None)
+
+
 def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: float) -> str:
-    """The newest complete checkpoint past `after_epoch` (tf.train.latest_checkpoint reads the
-    state file the saver writes last, so a half-written checkpoint is never returned)."""
+    """The newest checkpoint past `after_epoch` (newest_checkpoint). One whose index a local disk
+    still holds half-written fails to load, and run() waits for the next poll."""
     deadline = time.monotonic() + timeout
     while True:
-        latest = tf.train.latest_checkpoint(checkpoint_dir)
+        latest = newest_checkpoint(checkpoint_dir)
         if latest and checkpoint_epoch(latest) > after_epoch:
             return latest
         if time.monotonic() > deadline:

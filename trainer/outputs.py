@@ -31,6 +31,10 @@ def resolve_dirs(
     Each directory is then made specific to the tuning trial, so parallel trials never write
     over each other.
     """
+    if model_dir and all(environ.get(name) == path for name, path in local_defaults(trial).items()):
+        # Only trainer.run's stand-ins for the platform's variables: the --model-dir given moves
+        # the checkpoints and logs with it, as it would with no variable set.
+        environ = {name: value for name, value in environ.items() if name not in AIP_VARIABLES}
     model_dir = model_dir or environ.get("AIP_MODEL_DIR") or DEFAULT_MODEL_DIR
     checkpoint_dir = (
         checkpoint_dir or environ.get("AIP_CHECKPOINT_DIR") or sibling(model_dir, "checkpoints")
@@ -43,6 +47,16 @@ def resolve_dirs(
         checkpoint_dir=for_trial(checkpoint_dir, trial),
         tensorboard_dir=for_trial(tensorboard_dir, trial),
     )
+
+
+AIP_VARIABLES = ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
+
+
+def local_defaults(trial: str | None) -> dict[str, str]:
+    """The AIP_* values trainer.run sets where no platform set any (resolve_dirs with no flag and no
+    variable): output/model and its siblings, per trial."""
+    dirs = resolve_dirs(None, None, None, {}, trial)
+    return dict(zip(AIP_VARIABLES, (dirs.model_dir, dirs.checkpoint_dir, dirs.tensorboard_dir)))
 
 
 def sibling(path: str, name: str) -> str:

@@ -54,10 +54,10 @@ def timed_images_per_second(model, images, labels, steps: int, steps_per_executi
     options.autotune.enabled = False
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat().with_options(options)
     start = time.perf_counter()
-    model.fit(dataset, steps_per_epoch=steps_per_execution, epochs=1, verbose=0)
+    model.fit(dataset, steps_per_epoch=steps_per_execution, epochs=1, verbose=0, shuffle=False)
     first = time.perf_counter() - start
     start = time.perf_counter()
-    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
     return steps * int(images.shape[0]) / (time.perf_counter() - start), first
 
 
@@ -72,24 +72,25 @@ def generated_batch(batch: int, image_size: int, seed: int = 0):
 def resnet50_classifier(image_size: int, classes: int = 5):
     """Keras' stock ResNet50 over uint8 images, float32 softmax: the convolutions, batch norms
     and GEMMs a vision job runs, with nothing of any one example's model."""
-    import tensorflow as tf
+    import keras
 
-    images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8)
-    features = tf.keras.applications.ResNet50(include_top=False, weights=None, pooling="avg",
-                                              input_shape=(image_size, image_size, 3))(tf.cast(images, tf.float32))
-    return tf.keras.Model(images, tf.keras.layers.Dense(classes, activation="softmax", dtype="float32")(features))
+    # keras.ops, not tf.cast: a Keras 3 functional model's inputs are symbolic KerasTensors.
+    images = keras.Input((image_size, image_size, 3), dtype="uint8")
+    features = keras.applications.ResNet50(include_top=False, weights=None, pooling="avg",
+                                           input_shape=(image_size, image_size, 3))(keras.ops.cast(images, "float32"))
+    return keras.Model(images, keras.layers.Dense(classes, activation="softmax", dtype="float32")(features))
 
 
 def small_classifier(image_size: int, classes: int = 5):
     """A few convolutions: enough to run a real multi-worker step in seconds."""
-    import tensorflow as tf
+    import keras
 
-    images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8)
-    x = tf.cast(images, tf.float32) / 255.0
+    images = keras.Input((image_size, image_size, 3), dtype="uint8")
+    x = keras.ops.cast(images, "float32") / 255.0
     for filters in (16, 32):
-        x = tf.keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(x)
-    x = tf.keras.layers.GlobalAveragePooling2D()(x)
-    return tf.keras.Model(images, tf.keras.layers.Dense(classes, activation="softmax", dtype="float32")(x))
+        x = keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(images, keras.layers.Dense(classes, activation="softmax", dtype="float32")(x))
 
 
 def timed_trainer_throughput(policy: str, jit_compile: bool, batch: int, image_size: int, steps: int,
@@ -118,7 +119,7 @@ def local_multi_worker_fit(strategy, steps: int = 3) -> tuple[int, float]:
         model = small_classifier(32)
         model.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    history = model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    history = model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
     return strategy.num_replicas_in_sync, float(history.history["loss"][-1])
 
 

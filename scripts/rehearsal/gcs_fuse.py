@@ -14,13 +14,16 @@ and times are not kept. It talks to fake-gcs-server's JSON API directly (no TLS,
 on the host, beside the server.
 
 Runs in the foreground until `fusermount3 -u MOUNTPOINT` (or SIGTERM); needs libfuse3 (Debian's
-fuse3) and mfusepy.
+fuse3) and mfusepy. The images run as uid 1000, and a FUSE mount admits only the user who mounted
+it unless it is mounted with allow_other, which root may always ask for and anyone else only where
+/etc/fuse.conf says `user_allow_other` (fuse(8)); so it is asked for whenever it is allowed.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import stat
 import threading
 import time
@@ -273,12 +276,24 @@ class Buckets(mfusepy.Operations):
                 "f_files": 1 << 20, "f_ffree": 1 << 20, "f_namemax": 1024}
 
 
+def others_may_enter(fuse_conf: str = "/etc/fuse.conf") -> bool:
+    """Whether this process may mount with allow_other: as root, or where fuse.conf allows users to."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open(fuse_conf) as conf:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in conf)
+    except OSError:
+        return False
+
+
 def main(argv=None) -> int:
     parser = cli.OneLineParser(prog="python -m scripts.rehearsal.gcs_fuse", description=__doc__.split("\n")[0])
     parser.add_argument("--api", required=True, help="the server's JSON API, http://127.0.0.1:PORT")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
-    mfusepy.FUSE(Buckets(args.api), args.mountpoint, foreground=True, nothreads=False, allow_other=False)
+    mfusepy.FUSE(Buckets(args.api), args.mountpoint, foreground=True, nothreads=False,
+                 allow_other=others_may_enter())
     return 0
 
 

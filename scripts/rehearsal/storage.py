@@ -180,6 +180,11 @@ class Storage:
         if missing:
             self.note(f"no /gcs/ in the containers: this machine lacks {', '.join(missing)}; gs:// works", "WARNING")
             return None
+        from scripts.rehearsal.gcs_fuse import others_may_enter
+
+        if not others_may_enter():
+            self.note("/gcs/ admits only this machine's user, not an image's own (uid 1000): add user_allow_other "
+                      "to /etc/fuse.conf", "WARNING")
         self.files.mkdir(parents=True)
         log = self.files.with_suffix(".log")
         with open(log, "wb") as sink:

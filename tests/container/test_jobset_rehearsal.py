@@ -5,6 +5,7 @@ its cluster but what a pod has: each pod must find it by itself (trainer/cluster
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import yaml
@@ -51,6 +52,10 @@ def test_a_mwms_jobset_trains_with_each_pod_finding_its_cluster(engine, cpu_imag
         said = "\n".join(lines(result.stdout, pod))
         assert f"role: {role}, strategy: multi_worker_mirrored" in said, said[-3000:]
     assert "replicas=3" in "\n".join(lines(result.stdout, f"{name}-chief-0-0"))
+    # A Keras 3 Task, trained by the runtime's loop: every pod ends with the same weights.
+    weights = {pod: re.findall(r"trainer: trained 1 epochs of \d+ steps; weights ([0-9a-f]+) \(every worker's are the same\)",
+                               "\n".join(lines(result.stdout, pod))) for pod in roles}
+    assert len(set(map(tuple, weights.values()))) == 1 and len(weights[f"{name}-chief-0-0"]) == 1, weights
     assert lines(result.stdout, "local-run", "INFO")[-1].endswith("succeeded (successPolicy met)"), result.stdout[-2000:]
     assert leftovers(engine) == []
 
@@ -116,8 +121,11 @@ def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path)
 def test_a_preempted_worker_restarts_the_jobset_which_resumes(engine, cpu_image, tmp_path):
     """MWMS: the evicted worker's DisruptionTarget counts against backoffLimit 0, its Job fails,
     and JobSet recreates every Job (failurePolicy.maxRestarts); the chief resumes from its backup."""
+    # Epochs of 6 steps, as in the Vertex rehearsal's: the SIGTERM at epoch 2's start must find
+    # steps left to stop at (with 2 a step, the worker finished the job in its grace).
     manifest = share_model_dir(jobset("--workers", "1", "--max-restarts", "2", "--", *SMALL_TRAINING,
-                                      "--epochs", "3", "--model-dir", "/models/run", image=cpu_image))
+                                      "--epochs", "3", "--steps-per-epoch", "6", "--model-dir", "/models/run",
+                                      image=cpu_image))
     name = manifest["metadata"]["name"]
     result = run_jobset(manifest, tmp_path, "--preempt", f"{name}-worker-0-0@/epoch 2/3 begins/", engine=engine)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

@@ -5,6 +5,8 @@ JobSet `submit_job.py jobset --image-uri` writes for it."""
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 
 import pytest
@@ -54,26 +56,53 @@ def test_the_autopackaged_script_trains_on_two_replicas_in_the_vertex_rehearsal(
 
 
 def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(engine, autopackaged_image, tmp_path):
-    """Spot preemption of the worker mid-epoch: SIGTERM reaches the script through trainer.run (a
-    `python task.py` that is the container's first process would ignore it). TensorFlow's
-    coordination service under MultiWorkerMirroredStrategy catches SIGTERM itself (SigtermNotifier,
-    in libtensorflow_cc) and trains on, so the replica ends at the SIGKILL 30 s later (137), or 143
-    if it exits on its own; either way Vertex restarts the whole job on new machines, which finishes."""
+    """Spot preemption of the worker mid-epoch: the SIGTERM reaches the script through trainer.run,
+    and TensorFlow's coordination service under MultiWorkerMirroredStrategy catches it itself
+    (preemption_notifier.cc logs "SIGTERM caught" on the script's stderr) and trains on, so the
+    replica ends at the SIGKILL 30 s later; Vertex restarts the whole job on new machines,
+    every replica starting the script again. The run is long (minutes), so that it cannot end
+    within the grace on any machine, and the test stops the rehearsal (Ctrl-C) once the restarted
+    job trains."""
     job = handwritten_job(autopackaged_image, "own-spot", {
         "command": ["python", "-m", "trainer.run", "--"],
-        "args": ["python", "task.py", "--epochs", "30", "--steps-per-epoch", "100"]})
-    # Early in a run of 30 epochs (a short run could finish before the SIGTERM arrives).
-    result = run_local(engine, tmp_path, job, "--keep", str(tmp_path / "kept"), "--preempt", "workerpool1-0@/Epoch 2.30/")
-    assert result.returncode == 0, result.stdout[-5000:]
-    notes = lines(result.stdout, "local-run")
-    assert any(n.startswith("workerpool1-0 was preempted (STOCKOUT): restarting the whole job") for n in notes), notes
-    rows = summary(result.stdout)
-    assert rows["workerpool1-0"][0][0] in (137, 143), rows  # stopped by the preemption, not finished
-    assert rows["workerpool0-0"][0][-1] == 0 and rows["workerpool0-0"][1] == 1, rows
+        "args": ["python", "task.py", "--epochs", "100", "--steps-per-epoch", "300"]})
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    runner = subprocess.Popen([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0], "--spec",
+                               str(tmp_path / "job.json"), "--preempt", "workerpool1-0@/Epoch 2.100 /"],
+                              cwd=REPO, env=user_env(), stdout=subprocess.PIPE, text=True)
+    output = []
+    try:
+        restarted = 0
+        for line in runner.stdout:
+            output.append(line.rstrip("\n"))
+            restarted += line.split(None, 2)[:1] == ["workerpool1-0"] and "Epoch 1/100 " in line
+            if restarted == 2:  # the worker trains again, in the restarted job
+                runner.send_signal(signal.SIGINT)
+                break
+        output += runner.stdout.read().splitlines()
+        assert runner.wait(timeout=120) == 130, "\n".join(output[-60:])
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    preempting = first_line(output, "local-run", "preempting (Spot VM) workerpool1-0: SIGTERM now")
+    restarting = first_line(output, "local-run", "workerpool1-0 was preempted (STOCKOUT): restarting the whole job")
+    # The script itself got the signal, relayed by trainer.run at its stderr's severity, and trained on.
+    assert preempting < first_line(output, "workerpool1-0", "SIGTERM caught", "ERROR") < restarting, "\n".join(output[-60:])
+    assert first_line(output, "workerpool1-0", "Epoch 3/100 ") < restarting
+    # stopped by the preemption, not finished: nothing saved before the restart
+    assert not [line for line in output[:restarting] if line.startswith("workerpool1-0") and "saved" in line]
     for replica in ("workerpool0-0", "workerpool1-0"):
-        assert lines(result.stdout, replica, "INFO").count("num_replicas_in_sync 2") == 2, result.stdout[-4000:]
-    assert (tmp_path / "kept" / "own-spot" / "job" / "model" / "saved_model.pb").exists()
+        assert lines("\n".join(output), replica, "INFO").count("num_replicas_in_sync 2") == 2, "\n".join(output[-60:])
     assert leftovers(engine) == []
+
+
+def first_line(output: list[str], source: str, text: str, severity: str | None = None) -> int:
+    """The number of the first line of `output` from `source` (of `severity`) that holds `text`."""
+    for number, line in enumerate(output):
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0] == source and (severity is None or parts[1] == severity) and text in parts[2]:
+            return number
+    raise AssertionError(f"no line of {source} holds {text!r}:\n" + "\n".join(output[-60:]))
 
 
 def test_the_autopackaged_script_trains_in_the_jobset_submit_job_writes(engine, autopackaged_image, tmp_path):
@@ -99,23 +128,30 @@ def test_the_autopackaged_script_trains_in_the_jobset_submit_job_writes(engine, 
 
 def test_a_preempted_pod_of_the_script_in_the_jobset_restarts_the_jobset(engine, autopackaged_image, tmp_path):
     """The same JobSet with a longer run given as the pods' args (as a user writes them), its worker
-    pod preempted (its node lost) once the script trains: the script, PID 1 with no SIGTERM handler,
-    trains on until the SIGKILL 30 s later (the run is longer than that), JobSet restarts the
-    whole JobSet, every pod starts again with the same TF_CONFIG, and the job finishes."""
+    pod preempted (its node lost) once the script trains: the script is the pod's first process
+    (`python task.py`, gcloud's ENTRYPOINT), and TensorFlow's own handler catches the SIGTERM and
+    trains on until the SIGKILL, after the pods' terminationGracePeriodSeconds (3 s, as a user may
+    set it; a pod that finished within its grace would have succeeded, and nothing would restart);
+    JobSet restarts the whole JobSet, every pod starts again with the same TF_CONFIG, and the job
+    finishes."""
     printed = subprocess.run([PYTHON, "-m", "scripts.submit_job", "jobset", "--name", "own-spot", "--image-uri",
                               autopackaged_image, "--workers", "1", "--base-output-dir", "/tmp/out"],
                              cwd=REPO, capture_output=True, text=True, check=True).stdout
     manifest = yaml.safe_load(printed)
     for rjob in manifest["spec"]["replicatedJobs"]:
-        rjob["template"]["spec"]["template"]["spec"]["containers"][0]["args"] = [
-            "--epochs", "40", "--steps-per-epoch", "100"]
+        pod_spec = rjob["template"]["spec"]["template"]["spec"]
+        pod_spec["containers"][0]["args"] = ["--epochs", "10", "--steps-per-epoch", "300"]  # about 20 s here
+        pod_spec["terminationGracePeriodSeconds"] = 3
     (tmp_path / "jobset.yaml").write_text(yaml.safe_dump(manifest))
     result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0],
-                             "--preempt", "own-spot-worker-0-0@/Epoch 2.40/", "--jobset", str(tmp_path / "jobset.yaml")],
+                             "--preempt", "own-spot-worker-0-0@/Epoch 2.10 /", "--jobset", str(tmp_path / "jobset.yaml")],
                             cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
-    notes = lines(result.stdout, "local-run")
-    assert any(n.startswith("evicting own-spot-worker-0-0 (node preempted)") for n in notes), notes
+    output = result.stdout.splitlines()
+    evicting = first_line(output, "local-run", "evicting own-spot-worker-0-0 (node preempted)")
+    recreating = first_line(output, "local-run", "recreates every Job")
+    assert "SIGKILL in 3s" in output[evicting]
+    assert evicting < first_line(output, "own-spot-worker-0-0", "SIGTERM caught") < recreating, result.stdout[-5000:]
     for pod in ("own-spot-chief-0-0", "own-spot-worker-0-0"):
         assert lines(result.stdout, pod).count("num_replicas_in_sync 2") == 2, result.stdout[-5000:]
     assert leftovers(engine) == []

@@ -114,7 +114,8 @@ def test_a_users_image_from_the_runtime_sets_only_its_command(engine, runtime_cp
     built = build(engine, context, "localhost/own-command:test", runtime_cpu_image)
     assert built.returncode == 0, built.stderr[-3000:]
     tool, env = engine
-    spec = '{"cluster": {"workerpool0": ["c:2222"]}, "task": {"type": "workerpool0", "index": 0}}'
+    # The chief of a 2-replica job (a single replica gets no TF_CONFIG: one process needs none).
+    spec = '{"cluster": {"workerpool0": ["c:2222"], "workerpool1": ["w:2222"]}, "task": {"type": "workerpool0", "index": 0}}'
     result = sh(tool, "run", "--rm", "-e", f"CLUSTER_SPEC={spec}", "localhost/own-command:test", env=env, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # trainer.run, the entry point, turned Vertex AI's CLUSTER_SPEC into the script's TF_CONFIG

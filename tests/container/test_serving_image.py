@@ -82,7 +82,7 @@ def serving_md_block() -> str:
     return block.group(1)
 
 
-def test_the_docs_rehearsal_answers_trainer_predicts_request_as_trainer_predict_does(engine, serving_image, export,
+def test_the_docs_rehearsal_answers_serving_predicts_request_as_serving_predict_does(engine, serving_image, export,
                                                                                       tmp_path):
     """Run as written in a user's shell, in a copy of the project's layout with the model where
     run_local.sh puts it, the images the command names beside it, and the tests' prediction image
@@ -100,21 +100,30 @@ def test_the_docs_rehearsal_answers_trainer_predicts_request_as_trainer_predict_
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
     paths = [str(tmp_path / name) for name in files]
-    printed = run_module("serving.predict", str(export), *paths)
-    rows = [line.split("\t") for line in printed.stdout.splitlines()]
-    assert len(answer) == len(rows) == len(files)
-    assert [p["class_name"] for p in answer] == [row[1] for row in rows]
-    assert all(abs(max(p["probabilities"]) - float(row[2])) <= 6e-5 for p, row in zip(answer, rows))
+    local = predicted_here(export, *paths)
+    assert [source for source, _ in local] == paths
+    assert len(answer) == len(local) == len(files)
+    # The Keras 3 export takes bytes and answers class names, in the image as serving.predict here.
+    assert [p["class_name"] for p in answer] == [q["class_name"] for _, q in local]
+    assert all(abs(a - b) <= 1e-5 for p, (_, q) in zip(answer, local) for a, b in zip(p["probabilities"], q["probabilities"]))
     expected = served_here(export, paths)
     assert all(abs(a - b) <= 1e-5 for p, e in zip(answer, expected) for a, b in zip(p["probabilities"], e)), (answer, expected)
     # The model was read from Vertex's copy of the artifacts at its gs:// URI; a healthy start
     # wrote nothing to stderr (Cloud Logging's ERROR); the container stopped cleanly on SIGTERM.
     model = lines(result.stdout, "model")
-    assert any(re.search(r"trainer: model loaded from gs://caip-tenant-local-artifacts/\S+ in ", line) for line in model), model
+    assert any(re.search(r"serving: model loaded from gs://caip-tenant-local-artifacts/\S+ in ", line) for line in model), model
     assert lines(result.stdout, "model", "ERROR") == [], result.stdout[-3000:]
     assert lines(result.stdout, "local-run")[-1].endswith("with exit code 0"), result.stdout[-2000:]
     assert not [line for line in result.stderr.splitlines() if "deploy_model" in line or "Traceback" in line], result.stderr
     assert leftovers(engine) == []
+
+
+def predicted_here(export, *args: str) -> list[tuple[str, object]]:
+    """What `python -m serving.predict EXPORT ARGS` prints on this machine: (source, prediction) a line."""
+    printed = run_module("serving.predict", str(export), *args)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    return [(source, json.loads(prediction)) for source, prediction in
+            (line.split("\t", 1) for line in printed.stdout.splitlines())]
 
 
 def served_here(export, paths) -> list[list[float]]:
@@ -127,6 +136,70 @@ def served_here(export, paths) -> list[list[float]]:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+FARES = REPO / "examples" / "fares"
+FARES_COLUMNS = {"distance_km": float, "passengers": int, "hour": int, "payment_type": str, "pickup_zone": str}
+
+
+@pytest.fixture(scope="module")
+def fares_export(tmp_path_factory):
+    """The fares example's export (a regression on a table's columns, nothing of cassava), trained
+    briefly on this machine, and instances made from its evaluation rows as a client sends them."""
+    import csv
+
+    root = tmp_path_factory.mktemp("fares-serving")
+    env = clean_env(PYTHONPATH=f"{REPO}{os.pathsep}{FARES}")
+    made = run_module("fares.generate", "--out", str(root / "data"), "--files", "2", "--rows", "200", "--eval-rows", "6",
+                      env=env)
+    assert made.returncode == 0, made.stderr[-2000:]
+    trained = run_module("fares.task", "--train-files", str(root / "data" / "train-*.csv"), "--eval-files",
+                         str(root / "data" / "eval-*.csv"), "--epochs", "1", "--steps-per-epoch", "5",
+                         "--per-replica-batch-size", "16", "--model-dir", str(root / "model"), env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    with open(root / "data" / "eval-00000-of-00001.csv", newline="") as rows:
+        instances = [{name: kind(row[name]) for name, kind in FARES_COLUMNS.items()} for row in csv.DictReader(rows)]
+    (root / "instances.jsonl").write_text("".join(json.dumps(instance) + "\n" for instance in instances))
+    return root / "model", root / "instances.jsonl"
+
+
+def close(a, b, tolerance: float = 1e-4) -> bool:
+    """The same answer, numbers within `tolerance` of each other (relative above 1): the image's
+    TensorFlow and this machine's run the same export on different CPUs' kernels."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tolerance) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tolerance) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= tolerance * max(1.0, abs(b))
+    return a == b
+
+
+def test_the_same_image_answers_for_the_fares_export_as_serving_predict_does(engine, serving_image, fares_export,
+                                                                             tmp_path):
+    """The prediction image is no cassava server: the server that answers for cassava's images
+    (above) reads another model's signature, a table's five columns in and `fare` out, and answers
+    for it, as serving.predict does here on the same instances."""
+    model, instances_file = fares_export
+    request = tmp_path / "request.json"
+    written = run_module("serving.predict", str(model), "--instances", str(instances_file), "--vertex-request")
+    assert written.returncode == 0, written.stderr[-2000:]
+    request.write_text(written.stdout)
+    artifacts = "gs://serving-models/fares/1/model"
+    tool, _ = engine
+    result = subprocess.run([PYTHON, "scripts/deploy_model.py", "local", "--engine", tool, "--image-uri", serving_image,
+                             "--display-name", "fares", "--artifact-uri", artifacts, "--stage", f"{model}={artifacts}",
+                             "--request", str(request)], cwd=REPO, env=user_env(), capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    answer = json.loads(lines(result.stdout, "response", "200")[0])["predictions"]
+    local = predicted_here(model, "--instances", str(instances_file))
+    assert len(answer) == len(local) == 6
+    assert all(close(a, b) for a, (_, b) in zip(answer, local)), (answer, local)
+    loaded = [line for line in lines(result.stdout, "model") if "serving: model loaded from gs://" in line]
+    assert len(loaded) == 1 and "fare" in loaded[0], lines(result.stdout, "model")
+    assert lines(result.stdout, "model", "ERROR") == [], result.stdout[-3000:]
+    assert leftovers(engine) == []
 
 
 def test_every_bad_request_is_one_line_and_the_next_good_one_is_answered_in_the_image(engine, serving_image, export):

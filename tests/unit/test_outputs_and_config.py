@@ -31,6 +31,22 @@ def test_flags_beat_environment():
     assert dirs == outputs.OutputDirs("/m", "/c", "/t")
 
 
+def test_a_model_dir_flag_moves_checkpoints_and_logs_away_from_trainer_runs_local_defaults():
+    """trainer.run sets AIP_* to output/... where no platform did; a Task it runs with --model-dir
+    keeps its checkpoints and logs beside that model, not in ./output/."""
+    for trial in (None, "4"):
+        defaults = outputs.local_defaults(trial)
+        assert defaults["AIP_CHECKPOINT_DIR"] == ("output/checkpoints" if trial is None else "output/checkpoints/trial-4")
+        dirs = outputs.resolve_dirs("/out/model", None, None, defaults, trial)
+        suffix = "" if trial is None else "/trial-4"
+        assert dirs == outputs.OutputDirs(f"/out/model{suffix}", f"/out/checkpoints{suffix}", f"/out/logs{suffix}")
+    # a platform's own variables still win over the siblings
+    vertex = {"AIP_MODEL_DIR": "gs://b/job/model/", "AIP_CHECKPOINT_DIR": "gs://b/job/checkpoints/",
+              "AIP_TENSORBOARD_LOG_DIR": "gs://b/job/logs/"}
+    assert outputs.resolve_dirs("/out/model", None, None, vertex, None) == outputs.OutputDirs(
+        "/out/model", "gs://b/job/checkpoints/", "gs://b/job/logs/")
+
+
 def test_siblings_of_a_gcs_model_dir():
     assert outputs.sibling("gs://bucket/run/model/", "checkpoints") == "gs://bucket/run/checkpoints"
     assert outputs.sibling("gs://bucket", "logs") == "gs://bucket/logs"
