@@ -149,8 +149,9 @@ def describe(cost: dict) -> str:
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, REPO)
+    sys.path[:0] = [REPO, BENCHMARKS]
     from trainer import cli
+    import legacy_keras
 
     parser = cli.OneLineParser(prog="python benchmarks/pretrain.py", description=__doc__.split("\n")[0])
     parser.add_argument("--image-size", type=int, default=64)
@@ -159,6 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--cache-dir", default=CACHE_DIR)
     args = parser.parse_args(argv)
+    legacy_keras.require(parser)
     if args.steps < 6 or args.batch < 1 or args.image_size < 32:
         print("pretrain.py: --steps must be at least 6, --batch positive, --image-size at least 32", file=sys.stderr)
         return 2

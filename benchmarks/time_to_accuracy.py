@@ -90,6 +90,7 @@ BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCHMARKS)
 sys.path[:0] = [REPO, BENCHMARKS]
 import pretrain  # noqa: E402
+import legacy_keras  # noqa: E402
 import rounds as rounds_lib  # noqa: E402
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
 
@@ -847,6 +848,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--lab-preprocess", choices=("unit", "resnet50"), default="unit", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    legacy_keras.require(parser)
     if args.lab_task:
         return lab_task(args)
     recipes = [name.strip() for name in args.recipes.split(",") if name.strip()]

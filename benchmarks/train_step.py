@@ -60,6 +60,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 # benchmarks/ is first on the path when this runs as a script
+import legacy_keras  # noqa: E402
 import rounds as rounds_lib  # noqa: E402
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
 
@@ -358,6 +359,7 @@ def main(argv=None) -> int:
                         help="results root: the table goes to DIR/train_step/KIND.md ('' for nowhere; "
                              "default benchmarks/results)")
     args = parser.parse_args(argv)
+    legacy_keras.require(parser)
     if min(args.steps, args.rounds, args.batch, args.image_size, args.matmul_size, args.matmul_repeats) < 1:
         print("train_step.py: --steps, --rounds, --batch, --image-size, --matmul-size and --matmul-repeats must be "
               "positive", file=sys.stderr)

@@ -252,3 +252,27 @@ def test_serving_loads_raw_data_renders_its_results_file_and_leaves_rows_taken_b
     path = Path(machine.write_results("serving_load", "python benchmarks/serving_load.py", "2030-01-02", body,
                                       root=str(tmp_path), raw=raw))
     assert rendered(json.loads(path.with_suffix(".json").read_text())) == path.read_text()
+
+
+# --- a baseline without its Keras ------------------------------------------------------------------
+
+# Flags each benchmark refuses right after the check: were the check missing, main() would return
+# 2 with its own line and the test fail on the message, without measuring anything.
+REFUSED_NEXT = {"train_step": ["--steps", "0"], "time_to_accuracy": ["--rounds", "0"], "pretrain": ["--steps", "1"]}
+
+
+@pytest.mark.parametrize("benchmark", sorted(REFUSED_NEXT))
+def test_a_benchmark_whose_baseline_needs_tf_keras_exits_2_in_one_line_where_it_is_missing(benchmark, monkeypatch,
+                                                                                             capsys):
+    # TensorFlow 2.22.0rc0 has no tf-keras: the benchmark says so before it measures anything.
+    import importlib.util
+
+    module = importlib.import_module(benchmark)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "tf_keras" else real_find_spec(name, *rest))
+    with pytest.raises(SystemExit) as stopped:
+        module.main(REFUSED_NEXT[benchmark])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "tf-keras" in err, err
