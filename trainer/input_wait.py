@@ -4,8 +4,9 @@ Measured inside each replica's train step (trainer.loop), on the machine that ru
 the strategy. Three timestamps: when the step's function starts, when its batch is there, and
 when the step has applied its update. Nothing orders the first after the iterator's `next()`
 (TensorFlow's automatic control dependencies order ops that share a resource, and the first
-timestamp touches none), while the second depends on the batch and the third on the step's
-gradients and the optimizer's step counter, read after the update. The wait is the first span,
+timestamp touches none), while the second depends on the batch and the third on a read of every
+trainable variable, which those dependencies order after the variable's update (and so after the
+gradients' all-reduce under the mirrored strategies). The wait is the first span,
 the step the whole one: a wait is always part of the step it delays, so the epoch's share can
 never exceed 1, in any strategy, however busy the machine is. When the pipeline keeps ahead of
 the model, a batch waits in a prefetch buffer and the wait is a few microseconds.

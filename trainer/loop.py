@@ -189,11 +189,26 @@ class Steps:
         gradients, increments = self._gradients(x, y, sample_weight)
         self.optimizer.apply(gradients, self.model.trainable_variables)
         self._add_to_metrics(increments)
-        # After the step's gradients and the optimizer's counter, which it moves after its update.
-        done = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients if g is not None]
-        with tf.control_dependencies([self.optimizer.iterations.value.read_value(), *done]):
+        with tf.control_dependencies([self.optimizer.iterations.value.read_value(), *self._update_applied()]):
             ended = tf.timestamp()
         self.input_wait.record(ready - started, ended - started)
+
+    def _update_applied(self) -> list:
+        """Ops that run once this replica's update is applied: a read of every trainable variable,
+        which automatic control dependencies order after that variable's update. They order ops
+        only by the resource they share: the optimizer's step counter, moved last in the
+        program, is not moved after the gradients' all-reduce and the variables' updates, and a
+        timestamp after it missed them (2 workers, ResNet50: 0.2 s of a 0.65 s step). One group
+        per device the variables live on: under ParameterServerStrategy one control edge to the
+        worker per parameter server, not one per variable."""
+        by_device: dict[str, list] = {}
+        for variable in self.model.trainable_variables:
+            by_device.setdefault(variable.value.device, []).append(variable.value)
+        groups = []
+        for device, variables in by_device.items():
+            with tf.device(device):
+                groups.append(tf.group(*[variable.read_value() for variable in variables]))
+        return groups
 
     def _test_step(self, batch) -> None:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)

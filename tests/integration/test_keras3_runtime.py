@@ -1,7 +1,7 @@
 """What the Keras 3 runtime refuses, and what its loop guarantees, in real processes: a legacy
 tf_keras Task or a model with its own train_step is one line and exit 2; float16 trains with
 loss scaling across two workers; a synchronous step's wait for input is never longer than the
-step."""
+step, and the step's time holds its update."""
 
 from __future__ import annotations
 
@@ -96,3 +96,50 @@ def test_a_synchronous_steps_wait_is_its_slowest_replicas_and_never_longer_than_
     results = json.loads(result.stdout.strip().splitlines()[-1])
     assert results["input_wait_seconds"] == pytest.approx(0.65) and results["input_step_seconds"] == pytest.approx(0.75)
     assert results["input_wait"] == pytest.approx(0.65 / 0.75)
+
+
+_SLOW_UPDATE = """
+import json
+import time
+import tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from trainer import loop
+
+SLEEP = float(__import__("sys").argv[1])
+
+
+class SlowSGD(keras.optimizers.SGD):
+    # Each variable's update waits SLEEP seconds for its gradient, after the all-reduce, in an op
+    # that touches no resource: as an update and a collective are to TensorFlow's automatic
+    # control dependencies, nothing orders it before the step counter's move.
+    def update_step(self, gradient, variable, learning_rate):
+        slow = tf.numpy_function(lambda g: (time.sleep(SLEEP), g)[1], [gradient], gradient.dtype, stateful=False)
+        super().update_step(tf.ensure_shape(slow, gradient.shape), variable, learning_rate)
+
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer=SlowSGD(0.1), loss="mse")
+dataset = tf.data.Dataset.from_tensors((tf.ones([2, 4]), tf.zeros([2, 2]))).repeat()
+steps = loop.Steps(strategy, model)
+steps.build(dataset.element_spec)
+iterator = iter(strategy.distribute_datasets_from_function(lambda context: dataset))
+for _ in range(4):  # the first call is not counted (trainer.loop)
+    steps.train(iterator, 1)
+print(json.dumps(steps.input_wait.results(strategy)))
+"""
+
+
+def test_a_steps_time_holds_its_update_after_the_all_reduce():
+    """The step's end waits for every variable's update: an optimizer whose updates each sleep
+    SLEEP seconds books at least that per step. (The optimizer's step counter is no such mark:
+    nothing orders its move after the updates, and a step timed to it booked none of the sleep.)"""
+    sleep = 0.2
+    result = subprocess.run([sys.executable, "-c", _SLOW_UPDATE, str(sleep)], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    assert results["input_step_seconds"] >= 3 * sleep, results
