@@ -516,6 +516,26 @@ def check_shell_script(command: Command) -> None:
         assert not (error := trainer_args_error(argv)), f"{command}: {error}"
 
 
+@pytest.mark.parametrize("text", ["bash scripts/images.sh build tf-runtime-cpu", "scripts/lock.sh",
+                                  "bash scripts/supply_chain/images.sh build no-such-image",
+                                  "bash scripts/supply_chain/images.sh frobnicate tf-runtime-cpu"])
+def test_a_shell_command_at_a_stale_path_or_with_arguments_the_script_refuses_fails_the_check(text):
+    command = command_of(README, 1, text)
+    assert command is not None and command.kind == "shell", command
+    with pytest.raises(AssertionError):
+        check_shell_script(command)
+
+
+SCRIPT_PATH = re.compile(r"(?<![\w/.-])(?:\./)?(scripts/[\w/.-]*[\w/])")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_scripts_path_a_page_names_exists(page):
+    """In prose too, not only in commands: a moved script leaves no stale path behind."""
+    missing = sorted({m.group(1) for m in SCRIPT_PATH.finditer(page.read_text()) if not (REPO / m.group(1)).exists()})
+    assert not missing, f"{page.name} names {missing}, which do not exist"
+
+
 # --- kubectl lines -----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
