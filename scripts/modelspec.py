@@ -88,7 +88,7 @@ def build(*, rehearsal: bool = False, **fields) -> Deployment:
                         f"got {deployment.artifact_uri!r}")
     if deployment.image_uri.startswith("localhost/") and not rehearsal:
         raise SpecError(f"--image-uri {deployment.image_uri} is a local tag: Vertex AI pulls the image from "
-                        "Artifact Registry (scripts/images.sh push tf-predictor-cpu REPO prints its name)")
+                        "Artifact Registry (scripts/supply_chain/images.sh push tf-predictor-cpu REPO prints its name)")
     if not MODEL_ID.fullmatch(deployment.model_id):
         raise SpecError(f"--model-id {deployment.model_id!r}: 1-63 of a-z, 0-9, _ and -, starting with a letter")
     if not ENDPOINT_ID.fullmatch(deployment.endpoint_id):

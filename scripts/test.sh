@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 # Vertex AI's prebuilt prediction runtime's TensorFlow, which the serving tests load exports into.
 ./scripts/setup_venv.sh .venv-serving requirements/serving-runtime.lock
 if ! (command -v docker >/dev/null && docker info >/dev/null 2>&1) && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  ./scripts/install_image_tools.sh
+  ./scripts/supply_chain/install_image_tools.sh
 fi
 exec .venv/bin/python -m pytest "$@"

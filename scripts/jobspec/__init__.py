@@ -8,6 +8,7 @@ without running anything (a JobSet's pods: scripts/rehearsal/jobset/).
 | module                        | builds                                                            |
 |-------------------------------|-------------------------------------------------------------------|
 | scripts/jobspec/request.py    | the request every spec is built from, validated once: pools, faults, Vertex's capacity options |
+| scripts/jobspec/accelerators.py | the machine and GPU table the request is checked against, with its sources |
 | scripts/jobspec/vertex.py     | a CustomJob, a tuning job, the self-check job (aiplatform v1)     |
 | scripts/jobspec/ai_platform.py| a retired AI Platform Training config.yaml (ml v1)                |
 | scripts/jobspec/tfjob.py      | a Kubeflow training-operator v1 TFJob                              |

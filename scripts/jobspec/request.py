@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from scripts import accelerators  # the machine and GPU table, with its sources
+from scripts.jobspec import accelerators  # the machine and GPU table, with its sources
 from trainer import cluster as trainer_cluster  # imports no TensorFlow
 
 # Kubernetes restarts a TFJob's pods at most this often (runPolicy.backoffLimit) before the job fails.

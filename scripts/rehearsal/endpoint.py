@@ -130,7 +130,7 @@ def run(deployment: modelspec.Deployment, options: sessions.Options, *, request_
 
     def play(session, storage, run_id: str, scratch: Path) -> int:
         if session.engine.run("image", "inspect", deployment.image_uri).returncode:
-            raise RehearsalError(f"{deployment.image_uri} is not an image on this machine (bash scripts/images.sh "
+            raise RehearsalError(f"{deployment.image_uri} is not an image on this machine (bash scripts/supply_chain/images.sh "
                                  "build tf-predictor-cpu tags localhost/tf-predictor-cpu:dev); the rehearsal pulls nothing")
         storage_uri = copy_artifacts(storage, deployment.artifact_uri, deployment.model_id)
         port = local_port or free_port()

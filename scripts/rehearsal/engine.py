@@ -1,9 +1,9 @@
 """The container engine every script and test of the project uses: which one, its settings on this
 machine, and (`Engine`) the one driver of its command line.
 
-    python3 scripts/rehearsal/engine.py   prints `export NAME=VALUE` lines for a shell (scripts/engine.sh)
+    python3 scripts/rehearsal/engine.py   prints `export NAME=VALUE` lines for a shell (scripts/supply_chain/engine.sh)
 
-One answer for everything that runs containers (scripts/images.sh, scripts/standin_base.sh, the
+One answer for everything that runs containers (scripts/supply_chain/images.sh, scripts/supply_chain/standin_base.sh, the
 rehearsal and the container tests), so that all of them see the same images:
 - docker, when its daemon answers;
 - otherwise podman, with buildah to build, daemonless.
@@ -20,7 +20,7 @@ containers.conf named by CONTAINERS_CONF:
 Everything else stays podman's default. The file lives under IMAGES_WORK (default
 /var/tmp/cassava-images-UID), with the scripts' other scratch files.
 
-Standard library only: scripts/engine.sh runs this file with whatever python3 the machine has.
+Standard library only: scripts/supply_chain/engine.sh runs this file with whatever python3 the machine has.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def settings(requested: str | None = None, environ: Mapping[str, str] = os.envir
     missing = [tool for tool in ("podman", "buildah") if not shutil.which(tool)]
     if "podman" in missing or (requested is None and missing):
         raise EngineError(f"no docker daemon answers and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                          "not installed: start docker, or install podman and buildah (scripts/install_image_tools.sh, as root)")
+                          "not installed: start docker, or install podman and buildah (scripts/supply_chain/install_image_tools.sh, as root)")
     os.makedirs(work, mode=0o700, exist_ok=True)
     conf = os.path.join(work, "containers.conf")
     _write_if_changed(conf, machine_containers_conf())
@@ -136,7 +136,7 @@ ENGINE_FAILURE_EXIT = 125  # what docker and podman themselves return when they,
 
 class Engine:
     """docker or podman, through its command line, with the settings `settings` gives every script
-    of the project (so it sees the images scripts/images.sh builds)."""
+    of the project (so it sees the images scripts/supply_chain/images.sh builds)."""
 
     def __init__(self, tool: str, environ: Mapping[str, str] | None = None):
         self.tool = tool

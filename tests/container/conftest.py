@@ -21,12 +21,12 @@ def engine():
 def base_image(engine):
     if os.environ.get("BASE_IMAGE"):
         return os.environ["BASE_IMAGE"]
-    return sh("scripts/standin_base.sh").stdout.strip().splitlines()[-1]
+    return sh("scripts/supply_chain/standin_base.sh").stdout.strip().splitlines()[-1]
 
 
 def built(image: str, base_image: str, timeout: int = 1800) -> str:
     started = time.monotonic()
-    sh("scripts/images.sh", "build", image, env=build_env(base_image), timeout=timeout)
+    sh("scripts/supply_chain/images.sh", "build", image, env=build_env(base_image), timeout=timeout)
     BUDGETS.append(f"{image} build: {time.monotonic() - started:.0f}s")
     return f"localhost/{image}:test"
 

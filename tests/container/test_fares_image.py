@@ -37,7 +37,7 @@ def fares_image(engine, runtime_cpu_image):
     started = time.monotonic()
     if engine_lib.settings().builder == "docker":
         command = ["docker", "build"]
-    else:  # as scripts/images.sh builds without a daemon
+    else:  # as scripts/supply_chain/images.sh builds without a daemon
         command = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
     sh(*command, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-t", FARES_IMAGE, str(EXAMPLE), env=env)
     BUDGETS.append(f"fares image build (on the CPU runtime image): {time.monotonic() - started:.0f}s")

@@ -2,8 +2,8 @@
 training inside a container as its unprivileged user, a 2-container MultiWorkerMirrored job, and a
 push to and pull from a local registry.
 
-Needs a container engine: docker with a daemon, or podman + buildah (scripts/install_image_tools.sh).
-On machines that cannot pull base images, the images are built on scripts/standin_base.sh's
+Needs a container engine: docker with a daemon, or podman + buildah (scripts/supply_chain/install_image_tools.sh).
+On machines that cannot pull base images, the images are built on scripts/supply_chain/standin_base.sh's
 Debian base; set BASE_IMAGE to use another.
 """
 
@@ -47,7 +47,7 @@ def test_dockerfiles_pass_hadolint():
 def test_structure_tests_pass(image, request, engine):
     request.getfixturevalue(FIXTURES[image])
     _, env = engine
-    sh("scripts/images.sh", "test", image, env={**env, "TAG": "test"})
+    sh("scripts/supply_chain/images.sh", "test", image, env={**env, "TAG": "test"})
     with open(os.path.join(env["IMAGES_WORK"], f"structure-{image}.json")) as report_file:
         report = json.load(report_file)
     assert report["Fail"] == 0 and report["Pass"] >= 8, report
@@ -57,7 +57,7 @@ def test_structure_tests_pass(image, request, engine):
 def test_structure_tests_leave_no_podman_service_behind(engine, runtime_cpu_image):
     """A podman service left running fails every later structure test: its socket outlives it, or
     it outlives the checkout it was started from ("write child: broken pipe"). So each run of
-    scripts/images.sh starts its own service and stops it, and a dead socket left behind at the
+    scripts/supply_chain/images.sh starts its own service and stops it, and a dead socket left behind at the
     shared path must not be picked up."""
     tool, env = engine
     if tool != "podman":
@@ -72,7 +72,7 @@ def test_structure_tests_leave_no_podman_service_behind(engine, runtime_cpu_imag
         with socket.socket(socket.AF_UNIX) as leftover:
             leftover.bind(stale)
     for _ in range(2):  # and the second run works as well as the first
-        sh("scripts/images.sh", "test", "tf-runtime-cpu", env={**env, "TAG": "test"})
+        sh("scripts/supply_chain/images.sh", "test", "tf-runtime-cpu", env={**env, "TAG": "test"})
         assert services() == ""
         assert not [name for name in os.listdir(env["IMAGES_WORK"]) if name.startswith("podman-") and name.endswith(".sock")]
     with open(os.path.join(env["IMAGES_WORK"], "structure-tf-runtime-cpu.json")) as report_file:
@@ -82,7 +82,7 @@ def test_structure_tests_leave_no_podman_service_behind(engine, runtime_cpu_imag
 @pytest.mark.parametrize("image", ["tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "tf-predictor-cpu"])
 def test_print_image_sizes(image, request, base_image):
     request.getfixturevalue(FIXTURES[image])
-    report = sh("scripts/images.sh", "size", image, env=build_env(base_image)).stdout
+    report = sh("scripts/supply_chain/images.sh", "size", image, env=build_env(base_image)).stdout
     BUDGETS.append(report.rstrip())
     size = float(re.search(r"([\d.]+) GB uncompressed", report).group(1))
     assert size > 0.5  # a real TensorFlow image, not an empty one
@@ -188,7 +188,7 @@ def free_port() -> int:
 @pytest.fixture
 def local_registry(tmp_path):
     binary = shutil.which("docker-registry")
-    assert binary, "Debian's docker-registry is not installed (scripts/install_image_tools.sh)"
+    assert binary, "Debian's docker-registry is not installed (scripts/supply_chain/install_image_tools.sh)"
     port = free_port()
     config = tmp_path / "registry.yml"
     config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\n"
@@ -209,7 +209,7 @@ def local_registry(tmp_path):
 
 def test_push_to_a_registry_and_pull_back_by_digest(engine, runtime_cpu_image, local_registry):
     tool, env = engine
-    pushed = sh("scripts/images.sh", "push", "tf-runtime-cpu", f"{local_registry}/trainers",
+    pushed = sh("scripts/supply_chain/images.sh", "push", "tf-runtime-cpu", f"{local_registry}/trainers",
                 env={**env, "TAG": "test", "INSECURE_REGISTRY": "1"}).stdout.strip().splitlines()[-1]
     assert re.fullmatch(rf"{re.escape(local_registry)}/trainers/tf-runtime-cpu@sha256:[0-9a-f]{{64}}", pushed), pushed
     local_id = sh(tool, "image", "inspect", "--format", "{{.Id}}", runtime_cpu_image, env=env).stdout.strip()
@@ -229,7 +229,7 @@ def test_trainer_only_change_reuses_the_dependency_layer(base_image, runtime_cpu
         shutil.copy2(REPO / name, context / name)
     (context / "trainer" / "fit.py").write_text((REPO / "trainer" / "fit.py").read_text() + f"\n# change {uuid.uuid4()}\n")
     started = time.monotonic()
-    result = subprocess.run(["scripts/images.sh", "build", "tf-runtime-cpu"], cwd=context, capture_output=True, text=True,
+    result = subprocess.run(["scripts/supply_chain/images.sh", "build", "tf-runtime-cpu"], cwd=context, capture_output=True, text=True,
                             env={**build_env(base_image), "TAG": "rebuild", "REVISION": "test"}, timeout=1800)
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
@@ -272,7 +272,7 @@ def test_selfcheck_in_the_gpu_image_reports_the_locked_stack_and_trains_on_cpu(e
 
 
 def test_the_gpu_images_tensorflow_has_the_build_info_the_spec_builder_reads(engine, runtime_gpu_image):
-    """images/gpu/tensorflow-build-info.json, from which scripts/accelerators.py decides which GPUs
+    """images/gpu/tensorflow-build-info.json, from which scripts/jobspec/accelerators.py decides which GPUs
     JIT-compile, is what the image's own TensorFlow says of itself."""
     tool, env = engine
     script = ("import json, tensorflow as tf; "

@@ -3,7 +3,7 @@
 The README marks the block with `<!-- tested as written: tests/container/test_readme_rehearsal.py -->`.
 It runs in a copy of the project's layout (the real scripts, trainer and .venv, linked), with an
 environment that has none of the engine's settings: the command must find them itself, as it does
-for a user. The image it names is what `bash scripts/images.sh build cassava-trainer-cpu` tags; here the
+for a user. The image it names is what `bash scripts/supply_chain/images.sh build cassava-trainer-cpu` tags; here the
 tests' cassava CPU image gets that tag for the run, and whatever held it before gets it back.
 """
 

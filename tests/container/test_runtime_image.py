@@ -100,7 +100,7 @@ def build(engine, context, tag: str, runtime: str):
     tool, env = engine
     if engine_lib.settings().builder == "docker":
         command = ["docker", "build"]
-    else:  # as scripts/images.sh builds without a daemon
+    else:  # as scripts/supply_chain/images.sh builds without a daemon
         command = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
     return sh(*command, "--build-arg", f"BASE_IMAGE={runtime}", "-t", tag, str(context), env=env, check=False)
 

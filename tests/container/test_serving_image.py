@@ -34,7 +34,7 @@ def test_the_prediction_dockerfile_passes_hadolint():
 
 def test_the_prediction_image_passes_its_structure_tests(engine, serving_image):
     _, env = engine
-    sh("scripts/images.sh", "test", "tf-predictor-cpu", env={**env, "TAG": "test"})
+    sh("scripts/supply_chain/images.sh", "test", "tf-predictor-cpu", env={**env, "TAG": "test"})
     with open(os.path.join(env["IMAGES_WORK"], "structure-tf-predictor-cpu.json")) as report_file:
         report = json.load(report_file)
     assert report["Fail"] == 0 and report["Pass"] >= 10, report

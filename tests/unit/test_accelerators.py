@@ -1,4 +1,4 @@
-"""scripts/accelerators.py: every row of the machine table against Vertex AI's page, each GPU's
+"""scripts/jobspec/accelerators.py: every row of the machine table against Vertex AI's page, each GPU's
 compute capability, what the wheel's kernel list means for each GPU, and the wheel build info
 file against the lock it was made from."""
 
@@ -11,8 +11,9 @@ import zipfile
 import pytest
 
 from helpers import REPO
-from scripts import accelerators, tensorflow_build_info
-from scripts.accelerators import JIT, NATIVE, UNSUPPORTED, AcceleratorError
+from scripts.jobspec import accelerators
+from scripts.jobspec.accelerators import JIT, NATIVE, UNSUPPORTED, AcceleratorError
+from scripts.supply_chain import tensorflow_build_info
 
 # Vertex AI "Configure compute resources for serverless training", "Valid numbers of GPUs for each
 # machine type" (read 2026-11), typed here from the page as it reads, so an edit to the table that
@@ -213,7 +214,7 @@ def test_the_build_info_file_is_the_locked_wheels():
     version, hashes = tensorflow_build_info.locked_tensorflow((REPO / "images/gpu/requirements.lock").read_text())
     content = json.loads((REPO / "images/gpu/tensorflow-build-info.json").read_text())
     assert content["tensorflow"] == version and content["sha256"] in hashes, \
-        "images/gpu/requirements.lock changed tensorflow: run scripts/tensorflow_build_info.py"
+        "images/gpu/requirements.lock changed tensorflow: run scripts/supply_chain/tensorflow_build_info.py"
     assert re.fullmatch(rf"tensorflow-{re.escape(version)}-cp311-cp311-manylinux_2_\d+_x86_64\.whl", content["wheel"])
     assert content["build_info"]["is_cuda_build"] is True
     assert accelerators.build_info().architectures == tuple(content["build_info"]["cuda_compute_capabilities"])

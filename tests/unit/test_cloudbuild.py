@@ -116,7 +116,7 @@ def test_each_image_goes_through_every_stage_in_order_and_the_examples_build_on_
         scan = script(steps[f"scan-{image}"])
         assert f"gcloud artifacts docker images scan {local} " in scan and "--remote" not in scan  # the local image
         assert f"> sbom/{image}/vulnerabilities.json" in scan
-        assert (f"scripts/scan_gate.py --image {image} --severity ${{_SEVERITY}} sbom/{image}/vulnerabilities.json"
+        assert (f"scripts/supply_chain/scan_gate.py --image {image} --severity ${{_SEVERITY}} sbom/{image}/vulnerabilities.json"
                 in script(steps[f"scan-gate-{image}"]))
         assert f'docker cp "$$container:/opt/sbom/." sbom/{image}/' in script(steps[f"sbom-{image}"])
         assert f'--uri="$$(cat sbom/{image}/pushed)"' in script(steps["attach-sbom"])
@@ -168,7 +168,7 @@ def test_the_scan_gate_step_as_written_fails_the_build_on_a_fixable_high_finding
 
     step = steps_of(CONFIG)[f"scan-gate-{image}"]
     text = script(step).replace("${_SEVERITY}", CONFIG["substitutions"]["_SEVERITY"])
-    text = text.replace("scripts/scan_gate.py", str(REPO / "scripts" / "scan_gate.py"))
+    text = text.replace("scripts/supply_chain/scan_gate.py", str(REPO / "scripts" / "supply_chain" / "scan_gate.py"))
     (tmp_path / "sbom" / image).mkdir(parents=True)
     (tmp_path / "sbom" / image / "vulnerabilities.json").write_text(json.dumps(
         [occurrence(cve, cvss=cvss, distribution=rating, provider=rating, fix_available=fix)
@@ -185,7 +185,7 @@ def test_files_and_names_it_uses_exist_and_match_the_scripts():
     configs = set(re.findall(r"--config (images/\w+/structure\.yaml)", text))
     assert configs == {f"images/{d}/structure.yaml" for d in ("cpu", "gpu", "cassava", "serving")}
     assert all((REPO / c).is_file() for c in configs)
-    images_script = (REPO / "scripts" / "images.sh").read_text()
+    images_script = (REPO / "scripts" / "supply_chain" / "images.sh").read_text()
     listed = re.search(r"^IMAGES=\((.*)\)$", images_script, re.M).group(1).split()
     assert set(IMAGES) <= set(listed) and set(listed) - set(IMAGES) == {"fares-trainer-cpu"}  # a user's example
     assert set(re.findall(r"\$\{_REGISTRY\}/([\w-]+):", text)) == set(IMAGES)

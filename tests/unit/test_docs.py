@@ -16,8 +16,10 @@ PROJECT or BUCKET are kept: they are valid arguments, and the code must accept t
   test paths it names).
 - other Python scripts must exist and declare every flag the command gives (read from their
   argparse calls);
-- `scripts/*.sh` must exist; `images.sh` takes one of the subcommands and flavours its header
-  documents, `test.sh -m` one of pytest's tiers, `run_local.sh` cassava.task's flags.
+- shell scripts (`scripts/*.sh`, `scripts/supply_chain/*.sh`: any `scripts/**/*.sh`) must exist at
+  the path the page gives; `scripts/supply_chain/images.sh` takes one of the subcommands and
+  flavours its header documents, `test.sh -m` one of pytest's tiers, `run_local.sh` cassava.task's
+  flags.
 - `<!-- tested as written: PATH -->` right before a fence names a test file that exists and reads
   the page; `<!-- same as: PATH NAME -->` before a YAML block means the block equals the string
   constant NAME in PATH (so a document the docs show is one a test resolves).
@@ -54,6 +56,7 @@ TESTED_AS_WRITTEN = re.compile(r"<!--\s*tested as written:\s*(\S+)\s*-->")
 SAME_AS = re.compile(r"<!--\s*same as:\s*(\S+)\s+(\w+)\s*-->")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 PROJECT_PACKAGES = ("trainer", "scripts", "benchmarks", "tests")
+IMAGES_SH = "scripts/supply_chain/images.sh"  # the shell script whose header's usage lines are checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,9 +228,9 @@ def usage_options(help_text: str) -> tuple[set[str], set[str]]:
 
 def images_sh_usage() -> tuple[dict[str, int], set[str]]:
     """images.sh's documented subcommands (with the arguments each takes) and flavours."""
-    header = (REPO / "scripts" / "images.sh").read_text().split("set -euo", 1)[0]
+    header = (REPO / IMAGES_SH).read_text().split("set -euo", 1)[0]
     commands, flavours = {}, set()
-    for match in re.finditer(r"^#\s+scripts/images\.sh (\w+) ([\w|-]+)((?: [A-Z]+)*)", header, re.M):
+    for match in re.finditer(rf"^#\s+{re.escape(IMAGES_SH)} (\w+) ([\w|-]+)((?: [A-Z]+)*)", header, re.M):
         commands[match.group(1)] = 1 + len(match.group(3).split())
         flavours.update(match.group(2).split("|"))
     return commands, flavours
@@ -345,7 +348,7 @@ def test_the_pages_show_commands_of_every_kind_this_test_checks():
     # Guards the parsing above: if it stopped finding commands, every check below would pass empty.
     found = {(c.kind, c.target) for c in COMMANDS}
     for expected in [("script", "scripts/submit_job.py"), ("module", "cassava.task"), ("module", "trainer.launch"),
-                     ("module", "cassava.prepare"), ("module", "serving.predict"), ("shell", "scripts/images.sh"),
+                     ("module", "cassava.prepare"), ("module", "serving.predict"), ("shell", IMAGES_SH),
                      ("shell", "scripts/test.sh")]:
         assert expected in found, f"no {expected[1]} command found in the README or docs/"
     targets = {c.argv[0] for c in COMMANDS if c.target == "scripts/submit_job.py" and c.argv}
@@ -497,9 +500,9 @@ def check_shell_script(command: Command) -> None:
     script = REPO / command.target.removeprefix("./")
     assert script.is_file(), f"{command}: {command.target} does not exist"
     argv = list(command.argv)
-    if script.name == "images.sh":
+    if script == REPO / IMAGES_SH:
         commands, flavours = images_sh_usage()
-        assert commands and flavours, "scripts/images.sh's header no longer documents its usage"
+        assert commands and flavours, f"{IMAGES_SH}'s header no longer documents its usage"
         assert argv and argv[0] in commands, f"{command}: images.sh takes {sorted(commands)}"
         assert len(argv) == 1 + commands[argv[0]] and argv[1] in flavours, \
             f"{command}: images.sh {argv[0]} takes {commands[argv[0]]} argument(s), a flavour in {sorted(flavours)} first"
@@ -511,6 +514,26 @@ def check_shell_script(command: Command) -> None:
             f"{command}: -m {known.m} is not one of {sorted(pytest_markers())}"
     elif script.name == "run_local.sh":
         assert not (error := trainer_args_error(argv)), f"{command}: {error}"
+
+
+@pytest.mark.parametrize("text", ["bash scripts/images.sh build tf-runtime-cpu", "scripts/lock.sh",
+                                  "bash scripts/supply_chain/images.sh build no-such-image",
+                                  "bash scripts/supply_chain/images.sh frobnicate tf-runtime-cpu"])
+def test_a_shell_command_at_a_stale_path_or_with_arguments_the_script_refuses_fails_the_check(text):
+    command = command_of(README, 1, text)
+    assert command is not None and command.kind == "shell", command
+    with pytest.raises(AssertionError):
+        check_shell_script(command)
+
+
+SCRIPT_PATH = re.compile(r"(?<![\w/.-])(?:\./)?(scripts/[\w/.-]*[\w/])")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_scripts_path_a_page_names_exists(page):
+    """In prose too, not only in commands: a moved script leaves no stale path behind."""
+    missing = sorted({m.group(1) for m in SCRIPT_PATH.finditer(page.read_text()) if not (REPO / m.group(1)).exists()})
+    assert not missing, f"{page.name} names {missing}, which do not exist"
 
 
 # --- kubectl lines -----------------------------------------------------------------------------------

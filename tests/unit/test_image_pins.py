@@ -31,8 +31,8 @@ def test_one_python_minor_names_every_image_and_its_python_bases():
                     if args(d).get(name, "").startswith("python:")]
     assert len(python_bases) == 3, python_bases
     assert all(re.match(rf"python:{re.escape(minor)}\.\d+-slim-\w+@", base) for base in python_bases), python_bases
-    # the locks are compiled for it (scripts/lock.sh reads the ARG), and pyproject.toml allows it
-    assert "PYTHON_MINOR=$(sed -n 's/^ARG PYTHON_MINOR=//p' Dockerfile.cpu)" in (REPO / "scripts/lock.sh").read_text()
+    # the locks are compiled for it (scripts/supply_chain/lock.sh reads the ARG), and pyproject.toml allows it
+    assert "PYTHON_MINOR=$(sed -n 's/^ARG PYTHON_MINOR=//p' Dockerfile.cpu)" in (REPO / "scripts/supply_chain/lock.sh").read_text()
     low, high = re.search(r'requires-python = ">=(\d+\.\d+),<(\d+\.\d+)"', (REPO / "pyproject.toml").read_text()).groups()
     as_tuple = lambda v: tuple(map(int, v.split(".")))  # noqa: E731
     assert as_tuple(low) <= as_tuple(minor) < as_tuple(high)

@@ -1,4 +1,4 @@
-"""scripts/refresh_bases.py on a copy of the repo's pinned files, with the registry's answers canned
+"""scripts/supply_chain/refresh_bases.py on a copy of the repo's pinned files, with the registry's answers canned
 (no registry is reachable here) and the lock step replaced by one that edits a lock."""
 
 import re
@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from helpers import REPO
-from scripts import refresh_bases
-from scripts.refresh_bases import RefreshError, Resolved
+from scripts.supply_chain import refresh_bases
+from scripts.supply_chain.refresh_bases import RefreshError, Resolved
 
 NEW_PYTHON = "sha256:" + "a" * 64
 NEW_BOOKWORM = "sha256:" + "b" * 64

@@ -1,4 +1,4 @@
-"""scripts/scan_gate.py on canned On-Demand Scanning results (no scan can run here).
+"""scripts/supply_chain/scan_gate.py on canned On-Demand Scanning results (no scan can run here).
 
 The canned occurrences have exactly the fields of On-Demand Scanning API v1's `Occurrence` and
 `VulnerabilityOccurrence` (Google's reference, googleapis.dev/ruby/google-apis-ondemandscanning_v1:
@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from helpers import REPO
-from scripts import scan_gate
+from scripts.supply_chain import scan_gate
 
 TODAY = "2026-11-26"
 ALLOWLIST = REPO / "images" / "scan-allowlist.toml"
@@ -79,7 +79,7 @@ def cuda(cve):
 def run_gate(tmp_path, scan, *args, image="tf-runtime-cpu", allowlist=ALLOWLIST, today=TODAY):
     path = tmp_path / "vulnerabilities.json"
     path.write_text(scan if isinstance(scan, str) else json.dumps(scan))
-    command = [sys.executable, str(REPO / "scripts" / "scan_gate.py"), str(path), "--image", image,
+    command = [sys.executable, str(REPO / "scripts" / "supply_chain" / "scan_gate.py"), str(path), "--image", image,
                "--allowlist", str(allowlist), *(["--today", today] if today else []), *args]
     return subprocess.run(command, capture_output=True, text=True)
 
@@ -195,6 +195,6 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, scan, args, message):
 
 def test_the_image_must_be_named(tmp_path):
     (tmp_path / "v.json").write_text("[]")
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "scan_gate.py"), str(tmp_path / "v.json")],
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "supply_chain" / "scan_gate.py"), str(tmp_path / "v.json")],
                             capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--image" in result.stderr

@@ -1,4 +1,4 @@
-"""scripts/standin_base.sh takes the Debian mirror from the machine's apt configuration."""
+"""scripts/supply_chain/standin_base.sh takes the Debian mirror from the machine's apt configuration."""
 
 import subprocess
 
@@ -22,7 +22,7 @@ deb http://corp.example/debian-security bookworm-security main
 
 
 def apt_mirror(*files) -> str:
-    script = f"source <(sed -n '/^apt_mirror()/,/^}}/p' {REPO}/scripts/standin_base.sh); apt_mirror \"$@\""
+    script = f"source <(sed -n '/^apt_mirror()/,/^}}/p' {REPO}/scripts/supply_chain/standin_base.sh); apt_mirror \"$@\""
     return subprocess.run(["bash", "-c", script, "apt_mirror", *map(str, files)], capture_output=True, text=True,
                           check=True).stdout.strip()
 

@@ -2,11 +2,11 @@
 # Builds, structure-tests and pushes the images. The same steps run on a laptop with Docker and on
 # daemonless CI machines (podman/buildah); Cloud Build runs them from cloudbuild.yaml.
 #
-#   scripts/images.sh build tf-runtime-cpu|tf-runtime-gpu|cassava-trainer-cpu|cassava-trainer-gpu|fares-trainer-cpu|tf-predictor-cpu
-#                                        build localhost/IMAGE:$TAG (an example's image builds its runtime first)
-#   scripts/images.sh test IMAGE         container-structure-test with the image's images/*/structure.yaml
-#   scripts/images.sh push IMAGE REPO    push as REPO/IMAGE:$TAG; prints the digest
-#   scripts/images.sh size IMAGE         uncompressed size, and per layer
+#   scripts/supply_chain/images.sh build tf-runtime-cpu|tf-runtime-gpu|cassava-trainer-cpu|cassava-trainer-gpu|fares-trainer-cpu|tf-predictor-cpu
+#                                                     build localhost/IMAGE:$TAG (an example's image builds its runtime first)
+#   scripts/supply_chain/images.sh test IMAGE         container-structure-test with the image's images/*/structure.yaml
+#   scripts/supply_chain/images.sh push IMAGE REPO    push as REPO/IMAGE:$TAG; prints the digest
+#   scripts/supply_chain/images.sh size IMAGE         uncompressed size, and per layer
 #
 # IMAGE: tf-runtime-cpu, tf-runtime-gpu (the runtime: trainer/ alone, entry point trainer.run),
 # cassava-trainer-cpu, cassava-trainer-gpu (the cassava example on the runtime), fares-trainer-cpu
@@ -17,8 +17,8 @@
 # security updates anew (any new value, e.g. the ISO week: the layer that applies them is cached per
 # value); REVISION/VERSION for the OCI labels.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/engine.sh
+cd "$(dirname "$0")/../.."
+source scripts/supply_chain/engine.sh
 
 TAG=${TAG:-dev}
 CST_VERSION=1.19.1  # container-structure-test, also pinned in pyproject.toml and cloudbuild.yaml

@@ -11,12 +11,12 @@
 # Imported as localhost/standin-python:3.11-bookworm-HASH (HASH: this script's, so a changed
 # layout is a new image). Prints the image name.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/engine.sh
+cd "$(dirname "$0")/../.."
+source scripts/supply_chain/engine.sh
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 minor=$(sed -n 's/^ARG PYTHON_MINOR=//p' Dockerfile.cpu)
-image="localhost/standin-python:${minor}-bookworm-$(sha256sum scripts/standin_base.sh | cut -c1-12)"
+image="localhost/standin-python:${minor}-bookworm-$(sha256sum scripts/supply_chain/standin_base.sh | cut -c1-12)"
 if $ENGINE image exists "$image" 2>/dev/null || $ENGINE image inspect "$image" >/dev/null 2>&1; then
   echo "$image"; exit 0
 fi

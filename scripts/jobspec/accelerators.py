@@ -3,7 +3,7 @@ how many, its CPU architecture and the boot disks it can have; for each GPU, its
 and whether it can still be had. `check_machine` turns a request into one line when Vertex AI (or
 the image) would refuse it, and `gpu_warnings` says what the image's TensorFlow costs on a GPU,
 from the wheel's own list of kernel architectures (images/gpu/tensorflow-build-info.json, written
-by scripts/tensorflow_build_info.py from the pinned wheel).
+by scripts/supply_chain/tensorflow_build_info.py from the pinned wheel).
 
 Sources, read in November 2026:
 [compute]   Vertex AI, "Configure compute resources for serverless training" (machine types, the
@@ -35,7 +35,7 @@ import json
 import os
 import re
 
-BUILD_INFO_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+BUILD_INFO_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "images", "gpu", "tensorflow-build-info.json")
 
 X86_64, ARM64 = "x86_64", "arm64"
@@ -166,7 +166,7 @@ def _counts(counts: tuple[int, ...]) -> str:
 def machine(name: str) -> Machine:
     if name not in MACHINES:
         raise AcceleratorError(f"machine type {name} is not one Vertex AI offers for serverless training "
-                               "(its configure-compute page; scripts/accelerators.py holds the table)")
+                               "(its configure-compute page; scripts/jobspec/accelerators.py holds the table)")
     return MACHINES[name]
 
 

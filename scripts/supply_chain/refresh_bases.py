@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Moves the images' pins forward: the base images' digests, then the lock files; prints what changed.
 
-    python3 scripts/refresh_bases.py            # both steps; commit the result after a CI run
-    python3 scripts/refresh_bases.py --locks-only
+    python3 scripts/supply_chain/refresh_bases.py            # both steps; commit the result after a CI run
+    python3 scripts/supply_chain/refresh_bases.py --locks-only
 
 Step 1, the bases (needs a container registry: run it on a workstation or in Cloud Build). Each
 `ARG BASE_IMAGE=` / `ARG PYTHON_IMAGE=` pin in the Dockerfiles is `name:tag@sha256:digest`. A
@@ -15,7 +15,7 @@ them. The new pin replaces the old one wherever it appears (the Dockerfiles and 
 whose steps run on the CPU image's base). The registry is asked with the first of skopeo, crane
 or `docker buildx imagetools` found on PATH, or the one REFRESH_TOOL names.
 
-Step 2, the locks (needs PyPI): scripts/lock.sh, then each lock's added, removed and moved packages.
+Step 2, the locks (needs PyPI): scripts/supply_chain/lock.sh, then each lock's added, removed and moved packages.
 
 When step 1 cannot reach a registry, it says so in one line, leaves the bases as they are, runs
 step 2 and exits 1: the refresh is then incomplete.
@@ -33,10 +33,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from trainer import cli  # noqa: E402  (one-line flag errors, as every command of the project)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCKERFILES = ("Dockerfile.cpu", "Dockerfile.gpu", "images/serving/Dockerfile")
 # Where pins are declared: the Dockerfiles' bases and Cloud Build's own step images.
 DECLARING_FILES = DOCKERFILES + ("cloudbuild.yaml",)
@@ -196,10 +196,10 @@ def refresh_locks(repo: str, run_lock: Callable[[], None]) -> list[str]:
 
 
 def run_lock_script() -> None:
-    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "lock.sh")], cwd=REPO,
+    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "supply_chain", "lock.sh")], cwd=REPO,
                             capture_output=True, text=True)
     if result.returncode != 0:
-        raise RefreshError("scripts/lock.sh failed: " + ((result.stderr.strip().splitlines() or ["no message"])[-1]))
+        raise RefreshError("scripts/supply_chain/lock.sh failed: " + ((result.stderr.strip().splitlines() or ["no message"])[-1]))
 
 
 def main(argv: list[str] | None = None, repo: str = REPO, resolver: Callable[[str], Resolved] | None = None,

@@ -2,7 +2,7 @@
 """Fails an image build on fixable HIGH and CRITICAL vulnerabilities not on the allowlist, from an On-Demand Scanning result.
 
     gcloud artifacts docker images list-vulnerabilities SCAN --format=json > vulnerabilities.json
-    python3 scripts/scan_gate.py vulnerabilities.json --image tf-runtime-gpu
+    python3 scripts/supply_chain/scan_gate.py vulnerabilities.json --image tf-runtime-gpu
 
 The input is the JSON list of vulnerability occurrences that `gcloud artifacts docker images
 list-vulnerabilities --format=json` prints (On-Demand Scanning API v1 `Occurrence`; its
@@ -38,14 +38,14 @@ import sys
 import tomllib
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from trainer import cli  # noqa: E402  (one-line flag errors, as every command of the project)
 
 # Grafeas v1 Severity, lowest first; SEVERITY_UNSPECIFIED ranks below all.
 SEVERITIES = ("SEVERITY_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM", "HIGH", "CRITICAL")
 # CVSS v3.1's qualitative bands (FIRST, CVSS v3.1 specification, section 5), highest first.
 CVSS_BANDS = ((9.0, "CRITICAL"), (7.0, "HIGH"), (4.0, "MEDIUM"), (0.1, "LOW"))
-DEFAULT_ALLOWLIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+DEFAULT_ALLOWLIST = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                  "images", "scan-allowlist.toml")
 CVE_ID = re.compile(r"^(CVE-\d{4}-\d{4,}|GHSA(-[23456789cfghjmpqrvwx]{4}){3}|PYSEC-\d{4}-\d+)$")
 ENTRY_FIELDS = {"cve", "images", "reason", "review_by"}
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if blocking or expired:
         print(f"scan_gate.py: {args.image}: {len(blocking)} fixable finding(s) at or above {threshold} not allowlisted, "
               f"{len(expired)} expired allowlist entr{'y' if len(expired) == 1 else 'ies'}: rebuild, refresh the bases "
-              "and locks (scripts/refresh_bases.py), or review images/scan-allowlist.toml", file=sys.stderr)
+              "and locks (scripts/supply_chain/refresh_bases.py), or review images/scan-allowlist.toml", file=sys.stderr)
         return 1
     print(f"scan_gate.py: {args.image}: no fixable finding at or above {threshold} outside the allowlist "
           f"({len(occurrences)} occurrence(s) read, {len(allowed)} allowlisted)")

@@ -2,15 +2,15 @@
 """Writes images/gpu/tensorflow-build-info.json: the build info of the TensorFlow wheel the GPU
 image installs, read from the wheel itself.
 
-    python scripts/tensorflow_build_info.py            # download the locked wheel, write the file
-    python scripts/tensorflow_build_info.py --check    # exit 1 if the file differs from the wheel
-    python scripts/tensorflow_build_info.py --wheel tensorflow-2.21.0-cp311-cp311-manylinux_2_27_x86_64.whl
+    python scripts/supply_chain/tensorflow_build_info.py            # download the locked wheel, write the file
+    python scripts/supply_chain/tensorflow_build_info.py --check    # exit 1 if the file differs from the wheel
+    python scripts/supply_chain/tensorflow_build_info.py --wheel tensorflow-2.21.0-cp311-cp311-manylinux_2_27_x86_64.whl
 
 The wheel's tensorflow/python/platform/build_info.py is what `tf.sysconfig.get_build_info()`
 returns inside the image: above all `cuda_compute_capabilities`, the GPU architectures its kernels
 were compiled for (sm_XY: machine code; compute_XY: PTX the driver compiles at start). The
 development environment has tensorflow-cpu, whose build info has no such list, so this file
-carries it for scripts/accelerators.py. Run it after changing the tensorflow pin in
+carries it for scripts/jobspec/accelerators.py. Run it after changing the tensorflow pin in
 images/gpu/requirements.lock (tests/unit/test_accelerators.py fails until then); the container
 tier checks the file against the built GPU image.
 """
@@ -27,10 +27,10 @@ import sys
 import tempfile
 import zipfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from trainer import cli  # noqa: E402  (one-line flag errors, as every command of the project)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOCK = os.path.join(REPO, "images", "gpu", "requirements.lock")
 OUTPUT = os.path.join(REPO, "images", "gpu", "tensorflow-build-info.json")
 BUILD_INFO_MEMBER = "tensorflow/python/platform/build_info.py"
@@ -103,7 +103,7 @@ def render(content: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = cli.OneLineParser(prog="scripts/tensorflow_build_info.py", description=__doc__.split("\n")[0])
+    parser = cli.OneLineParser(prog="scripts/supply_chain/tensorflow_build_info.py", description=__doc__.split("\n")[0])
     parser.add_argument("--lock", default=LOCK, help="the GPU image's hash-pinned lock")
     parser.add_argument("--wheel", default=None, help="a downloaded tensorflow wheel (default: pip download the locked one)")
     parser.add_argument("--output", default=OUTPUT)
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         with open(args.output) as handle:
             if handle.read() != content:
                 print(f"tensorflow_build_info: error: {args.output} differs from the locked wheel's build info; "
-                      "run scripts/tensorflow_build_info.py", file=sys.stderr)
+                      "run scripts/supply_chain/tensorflow_build_info.py", file=sys.stderr)
                 return 1
         print(f"{args.output} matches tensorflow=={version}")
         return 0
