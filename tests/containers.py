@@ -46,12 +46,12 @@ def leftovers(engine) -> list[str]:
 
     tool, env = engine
     left = left_by_rehearsals(Engine(tool, env), parent=os.getpid())
-    ours = run_processes()
-    listing = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
-    for pid, ppid, args in (line.split(None, 2) for line in listing if len(line.split(None, 2)) == 3):
-        if f"process {args}" in left and int(pid) in ours and int(ppid) != os.getpid():
-            left.remove(f"process {args}")
-    return left
+    ours = run_processes()  # after that listing: every process it saw and the run owns is in here
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    outside = {f"process {args}" for pid, args in (line.split(None, 1) for line in listing if len(line.split(None, 1)) == 2)
+               if int(pid) not in ours}
+    # A process the first listing named is left over if one like it still runs outside the run.
+    return [entry for entry in left if not entry.startswith("process ") or entry in outside]
 
 
 def user_env(**extra) -> dict:
