@@ -37,13 +37,13 @@ step() {
 }
 
 # The images the container tier builds, in the order its tests first need them (the GPU images'
-# tests run last: tests/container/conftest.py), each under the tests' build lock.
+# tests run last: tests/container/conftest.py), each under the lock the tests' build of it takes.
 prebuild_images() {
   source scripts/supply_chain/engine.sh
-  local lock="$IMAGES_WORK/test-builds.lock" base=${BASE_IMAGE:-}
-  [ -n "$base" ] || base=$(flock "$lock" scripts/supply_chain/standin_base.sh | tail -n 1)
+  local base=${BASE_IMAGE:-}
+  [ -n "$base" ] || base=$(flock "$IMAGES_WORK/test-build-standin.lock" scripts/supply_chain/standin_base.sh | tail -n 1)
   for image in tf-runtime-cpu cassava-trainer-cpu tf-predictor-cpu tf-runtime-gpu cassava-trainer-gpu; do
-    BASE_IMAGE=$base TAG=test flock "$lock" scripts/supply_chain/images.sh build "$image"
+    BASE_IMAGE=$base TAG=test flock "$IMAGES_WORK/test-build-$image.lock" scripts/supply_chain/images.sh build "$image"
   done
 }
 

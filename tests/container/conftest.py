@@ -1,11 +1,12 @@
 """The container tier's shared fixtures: the engine, and the images, built once per run.
 
 An image fixture builds its image with scripts/supply_chain/images.sh, once for the whole run
-whatever the number of workers (the `once` fixture, tests/parallel.py), holding BUILD_LOCK: one
-build at a time on this machine. scripts/test.sh starts the same builds in the background as soon
-as the container tools are installed, under the same lock, so most of the building overlaps the
-setup and the other tiers; a fixture that comes after it finds every layer cached and its build
-takes seconds. The fixture's own build is the one the tests rely on, whatever the background did.
+whatever the number of workers (the `once` fixture, tests/parallel.py), holding the image's build
+lock (build_lock). scripts/test.sh starts the same builds in the background as soon as the
+container tools are installed, one after another, each under its image's lock, so most of the
+building overlaps the setup and the other tiers; a fixture that comes after finds every layer
+cached and its build takes seconds, and one that comes during waits for that image alone. The
+fixture's own build is the one the tests rely on, whatever the background did.
 
 The tier runs on one worker (tests/parallel.py, ENGINE). In it, the tests that need a GPU image
 (the largest build, gigabytes of NVIDIA wheels) run after the others, so those run while it builds.
@@ -27,9 +28,10 @@ from parallel import locked
 GPU_IMAGES = {"tf-runtime-gpu": "runtime_gpu_image", "cassava-trainer-gpu": "gpu_image"}
 
 
-def build_lock(settings: dict | None = None) -> Path:
-    """The lock every image build of the tests and of scripts/test.sh's background builds holds."""
-    return Path((settings or engine_settings())["IMAGES_WORK"]) / "test-builds.lock"
+def build_lock(image: str) -> Path:
+    """The lock a build of `image` (or of the stand-in base, "standin") holds, the tests' and
+    scripts/test.sh's background builds alike: the same image is never built twice at once."""
+    return Path(engine_settings()["IMAGES_WORK"]) / f"test-build-{image}.lock"
 
 
 def needs_a_gpu_image(item: pytest.Item) -> bool:
@@ -59,7 +61,7 @@ def base_image(engine, once):
         return os.environ["BASE_IMAGE"]
 
     def make():
-        with locked(build_lock()):
+        with locked(build_lock("standin")):
             return sh("scripts/supply_chain/standin_base.sh").stdout.strip().splitlines()[-1]
 
     return once("stand-in base image", make)
@@ -67,10 +69,10 @@ def base_image(engine, once):
 
 def built(image: str, base_image: str, timeout: int = 1800) -> str:
     asked = time.monotonic()
-    with locked(build_lock()):
+    with locked(build_lock(image)):
         started = time.monotonic()
         sh("scripts/supply_chain/images.sh", "build", image, env=build_env(base_image), timeout=timeout)
-    waited = f" (after {started - asked:.0f}s waiting for the builds before it)" if started - asked >= 1 else ""
+    waited = f" (after {started - asked:.0f}s waiting for the build in the background)" if started - asked >= 1 else ""
     BUDGETS.append(f"{image} build: {time.monotonic() - started:.0f}s{waited}")
     return f"localhost/{image}:test"
 
