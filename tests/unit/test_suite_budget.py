@@ -15,6 +15,7 @@ Also here: the parallel machinery itself (tests/parallel.py), checked in this pr
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -40,12 +41,19 @@ QUICK_START_MINUTES = 0.5
 BUDGET_MINUTES = {"unit": 4, "integration": 26, "container": 24}
 
 
-def collected(*paths: str) -> list[str]:
-    """The node ids pytest collects under `paths`, as a run collects them."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
+@functools.lru_cache(maxsize=1)
+def collected_ids() -> tuple[str, ...]:
+    """The node ids a whole run collects, as pytest collects them (in a process of its own: this one
+    is a test session already)."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests/unit", "tests/integration", "tests/container"],
                             cwd=REPO, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [line for line in result.stdout.splitlines() if "::" in line]
+    return tuple(line for line in result.stdout.splitlines() if "::" in line)
+
+
+def collected(tier: str) -> set[str]:
+    return {nodeid for nodeid in collected_ids() if parallel.tier_of(nodeid) == tier}
 
 
 def tier_minutes(durations: dict[str, float]) -> dict[str, float]:
@@ -57,7 +65,7 @@ def tier_minutes(durations: dict[str, float]) -> dict[str, float]:
 
 def test_every_integration_and_container_test_has_a_recorded_duration_and_no_gone_test_keeps_one():
     durations = timings.recorded()
-    known = set(collected("tests/integration", "tests/container"))
+    known = collected("integration") | collected("container")
     listed = {nodeid for nodeid in durations if parallel.tier_of(nodeid) in ("integration", "container")}
     assert sorted(known - listed) == [], "record their durations (tests/timings.py says how)"
     assert sorted(listed - known) == [], "tests/durations.json lists tests that are gone"
@@ -66,7 +74,7 @@ def test_every_integration_and_container_test_has_a_recorded_duration_and_no_gon
 def test_the_unit_tests_it_lists_exist():
     listed = {nodeid for nodeid in timings.recorded() if parallel.tier_of(nodeid) == "unit"}
     assert listed, "tests/durations.json lists no unit test: the unit budget would read nothing"
-    assert sorted(listed - set(collected("tests/unit"))) == []
+    assert sorted(listed - collected("unit")) == []
 
 
 def test_each_tier_fits_its_budget():
