@@ -6,7 +6,10 @@ Work units. xdist's loadgroup sends each unit whole to one worker:
 - a test marked `@pytest.mark.xdist_group("NAME")` is in the unit NAME, with every test of that mark;
 - the container tier is one unit, ENGINE: its tests share one engine, one image store and the tags
   `localhost/IMAGE:test`, and each rehearsal asserts that nothing of any rehearsal is left on the
-  machine (tests/containers.py's leftovers), so they run one after another;
+  machine (tests/containers.py's leftovers), so they run one after another. A container module
+  marked `pytestmark = pytest.mark.no_rehearsal` (it runs no rehearsal, retags no shared image and
+  checks nothing of the machine that another test's containers change) leaves that unit: its tests
+  follow the integration tier's rule below, beside the rehearsals;
 - a unit module is one unit (its tests take milliseconds; its module fixtures are built once);
 - an integration or gpu test that uses a fixture of its module (scope "module": a training run
   that several tests read) is in its module's unit, so that fixture runs once; any other such test
@@ -39,6 +42,7 @@ from typing import Callable, Iterator
 import pytest
 
 ENGINE = "engine"
+NO_REHEARSAL = "no_rehearsal"
 GROUP = "xdist_group"
 # The unit scope of fixtures that tie a module's tests to one worker.
 SHARED_SCOPES = ("module", "class", "package")
@@ -87,7 +91,7 @@ def unit_of(item: pytest.Item) -> str | None:
     if marked is not None:
         return str(marked.args[0] if marked.args else marked.kwargs.get("name", "default"))
     tier = tier_of(item.nodeid)
-    if tier == "container":
+    if tier == "container" and item.get_closest_marker(NO_REHEARSAL) is None:
         return ENGINE
     module = item.nodeid.split("::")[0]
     if tier == "unit" or _uses_module_fixture(item):
