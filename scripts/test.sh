@@ -71,7 +71,7 @@ echo "test.sh: setup: $((SECONDS - started)) s"
 
 tests_began=$SECONDS
 code=0
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-auto}" --dist loadgroup --no-loadscope-reorder "$@" || code=$?
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-auto}" --dist loadscope "$@" || code=$?
 if [ -n "$prebuild" ]; then
   # Its images were the tests' too: by now they have waited for it. A failure is the tests' to report.
   wait "$prebuild" || echo "test.sh: the background image builds failed; the tests built what they needed themselves"

@@ -1,8 +1,12 @@
 """How the tests share the cores: pytest-xdist's workers (scripts/test.sh runs `-n auto --dist
-loadgroup --no-loadscope-reorder`), what goes to one worker, in what order, and what is made once
-for the whole run. tests/conftest.py registers it; its docstring says how a test joins.
+loadscope`), what goes to one worker, in what order, and what is made once for the whole run.
+tests/conftest.py registers it; its docstring says how a test joins.
 
-Work units. xdist's loadgroup sends each unit whole to one worker:
+Work units. UnitScheduling, xdist's loadscope scheduler with our units for scopes, sends each unit
+whole to one worker. (xdist's own loadgroup would group by the `xdist_group` mark, but under pytest 9
+it cannot: it renames `item._nodeid`, which pytest 9's `nodeid` no longer reads, and every test
+becomes a unit of its own. So the workers write each test's unit into the run's folder as they
+collect, UNITS, and the controller's scheduler reads it.)
 - a test marked `@pytest.mark.xdist_group("NAME")` is in the unit NAME, with every test of that mark;
 - the container tier is one unit, ENGINE: its tests share one engine, one image store and the tags
   `localhost/IMAGE:test`, and each rehearsal asserts that nothing of any rehearsal is left on the
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 ENGINE = "engine"
 NO_REHEARSAL = "no_rehearsal"
@@ -109,8 +114,11 @@ def longest_first(items: list[pytest.Item], seconds: Callable[[pytest.Item], flo
     return [item for unit in ordered for item in unit]
 
 
+UNITS = "units.json"
+
+
 class Scheduler:
-    """The plugin: groups, order, the machine lock. Registered by tests/conftest.py."""
+    """The plugin: units, order, the scheduler, the machine lock. Registered by tests/conftest.py."""
 
     def __init__(self, durations: dict[str, float], keep: Callable[[str], bool] | None = None):
         self.durations = durations
@@ -135,6 +143,15 @@ class Scheduler:
                     item.add_marker(pytest.mark.xdist_group(unit))
         if in_worker(config):  # what xdist hands out, in this order (the controller collects nothing)
             items[:] = longest_first(items, self.seconds)
+            units = {plain_id(item.nodeid): unit_of(item) or plain_id(item.nodeid) for item in items}
+            path = run_root(config) / UNITS
+            staged = path.with_name(f".{UNITS}.{os.getpid()}")
+            staged.write_text(json.dumps(units))
+            staged.replace(path)  # every worker writes the same: whole, whichever is last
+
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
+        return UnitScheduling(config, log)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
@@ -143,6 +160,21 @@ class Scheduler:
             return
         with machine_share(run_root(item.config), exclusive=item.get_closest_marker("quiet") is not None):
             yield
+
+
+class UnitScheduling(LoadScopeScheduling):
+    """xdist's loadscope scheduling, whose scopes are our work units: each one whole to a worker, in
+    the order the workers collected them (longest first), never reordered by size."""
+
+    def __init__(self, config: pytest.Config, log=None):
+        config.option.loadscopereorder = False
+        super().__init__(config, log)
+        self._units: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._units is None:  # written by the workers before they reported their collection
+            self._units = json.loads((run_root(self.config) / UNITS).read_text())
+        return self._units.get(plain_id(nodeid), nodeid)
 
 
 @contextlib.contextmanager
