@@ -30,7 +30,7 @@ TIERS = ("unit", "integration", "container", "gpu")
 SLOWEST = 25
 # --quick: the unit tier and every integration test recorded at or under this many seconds; no
 # container or gpu test (a container test from nothing waits minutes for its image).
-QUICK_TEST_SECONDS = 15.0
+QUICK_TEST_SECONDS = 2.5
 
 
 def recorded(path: Path = DURATIONS) -> dict[str, float]:
