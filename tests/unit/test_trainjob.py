@@ -30,6 +30,25 @@ MWMS, PSS = "tensorflow-distributed", "tensorflow-parameter-server"
 PSS_ARGS = ["--strategy", "pss", "--workers", "2", "--ps", "1", "--evaluator"]
 
 
+# A TrainJob as a user writes it for kubectl (docs/kubernetes.md shows this one): two workers of
+# MultiWorkerMirrored, the image's own command, numNodes given to the pods too.
+HAND_WRITTEN_TRAINJOB = """
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: mnist
+spec:
+  runtimeRef:
+    name: tensorflow-distributed
+  trainer:
+    image: us-central1-docker.pkg.dev/my-project/trainers/mnist:v1
+    numNodes: 2
+    env:
+    - name: TRAINJOB_NUM_NODES
+      value: "2"
+"""
+
+
 def written(*argv: str, trainer_args=("--epochs", "2")) -> dict:
     """The TrainJob `submit_job.py trainjob` prints, as kubectl reads it back."""
     args = submit_job.build_parser().parse_args(["trainjob", "--name", "demo", "--image-uri", IMAGE, *argv])
@@ -573,3 +592,16 @@ def test_the_dynamic_cloud_storage_mount_is_every_local_bucket():
     no_fuse = jobset_controller.JobSetRules(built.jobset, runner.Output(output), network="rehearsal-test")
     no_fuse.begin(run, 0)
     assert run.last["demo-node-0-0"].volumes == () and "/gcs/ is empty in them, gs:// works" in output.getvalue()
+
+
+def test_the_hand_written_trainjob_of_the_docs_trains_two_workers_with_its_images_own_command():
+    hand_written = yaml.safe_load(HAND_WRITTEN_TRAINJOB)
+    trainjob_spec.check_schema(hand_written)
+    built = to_jobset(hand_written, list(RUNTIMES.values()))
+    [node] = built.jobset["spec"]["replicatedJobs"]
+    container = node_container(node)
+    assert container["image"] == "us-central1-docker.pkg.dev/my-project/trainers/mnist:v1"
+    assert "command" not in container and "args" not in container  # the image's ENTRYPOINT and CMD
+    clusters = {json.dumps(resolve(pod["env"]).tf_config, sort_keys=True) for pod in jobset_pods.jobset_pods(built.jobset)}
+    assert [json.loads(c)["cluster"] for c in clusters] == [{"worker": ["mnist-node-0-0.mnist:2222",
+                                                                       "mnist-node-0-1.mnist:2222"]}] * 2
