@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "kubernetes.md"
 
 
 class Answer:
@@ -64,3 +68,10 @@ def offline_client(cluster: RecordedCluster, namespace: str = "default"):
 def created_trainjob(cluster: RecordedCluster) -> dict:
     [(namespace, body)] = cluster.created
     return {**body, "metadata": {**body["metadata"], "namespace": namespace}}
+
+
+def docs_block(marked_by: str) -> str:
+    """The Python block of docs/kubernetes.md marked `<!-- tested as written: MARKED_BY -->`."""
+    match = re.search(rf"<!-- tested as written: {re.escape(marked_by)} -->\n```python\n(.*?)```", PAGE.read_text(), re.S)
+    assert match, f"docs/kubernetes.md has no Python block marked tested as written by {marked_by}"
+    return match.group(1)

@@ -10,27 +10,18 @@ from __future__ import annotations
 import json
 import linecache
 import os
-import re
 import subprocess
 import sys
 
 from helpers import REPO
-from offline_sdk import RecordedCluster, created_trainjob, offline_client
+from offline_sdk import RecordedCluster, created_trainjob, docs_block, offline_client
 from scripts.rehearsal.jobset import pods as jobset_pods
 from scripts.rehearsal.trainjob import manifest as manifests, to_jobset
 
 RUNTIMES = {runtime["metadata"]["name"]: runtime for runtime in manifests.shipped_runtimes()}
-PAGE = REPO / "docs" / "kubernetes.md"
 # The user's package the docs' function imports (`from mine import task`): it prints what its
 # process was given.
 USER_TASK = "import json, os\n\ndef main():\n    print(json.dumps({'TF_CONFIG': json.loads(os.environ['TF_CONFIG'])}))\n"
-
-
-def docs_block() -> str:
-    match = re.search(r"<!-- tested as written: tests/integration/test_kubeflow_sdk_function.py -->\n```python\n(.*?)```",
-                      PAGE.read_text(), re.S)
-    assert match, "docs/kubernetes.md has no Python block marked tested as written by this file"
-    return match.group(1)
 
 
 def test_the_docs_custom_trainer_function_finds_its_pods_cluster(monkeypatch, tmp_path):
@@ -39,7 +30,7 @@ def test_the_docs_custom_trainer_function_finds_its_pods_cluster(monkeypatch, tm
     cluster = RecordedCluster(RUNTIMES.values())
     monkeypatch.setattr(kubeflow.trainer, "TrainerClient", lambda *args, **kwargs: offline_client(cluster))
     # The SDK reads the function's source (inspect.getsource): the block is its file.
-    source, filename = docs_block(), "kubernetes_sdk_example.py"
+    source, filename = docs_block("tests/integration/test_kubeflow_sdk_function.py"), "kubernetes_sdk_example.py"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), {"__name__": "docs_example"})
     trainjob = created_trainjob(cluster)

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from offline_sdk import RecordedCluster, created_trainjob, offline_client
+from offline_sdk import PAGE, RecordedCluster, created_trainjob, docs_block, offline_client
 from scripts.jobspec import trainjob as trainjob_spec
 from scripts.rehearsal.jobset import pods as jobset_pods
 from scripts.rehearsal.trainjob import manifest as manifests, to_jobset
 from trainer.cluster import resolve
 
-REPO = Path(__file__).resolve().parents[2]
-PAGE = REPO / "docs" / "kubernetes.md"
 RUNTIMES = {runtime["metadata"]["name"]: runtime for runtime in manifests.shipped_runtimes()}
 IMAGE = "us-central1-docker.pkg.dev/PROJECT/trainers/mine:v1"
 
@@ -116,20 +113,12 @@ def test_an_unknown_runtime_is_the_sdks_error_before_anything_is_sent():
     assert cluster.created == []
 
 
-def docs_block() -> str:
-    """The Python block docs/kubernetes.md marks as tested by this file."""
-    text = PAGE.read_text()
-    match = re.search(r"<!-- tested as written: tests/unit/test_kubeflow_sdk.py -->\n```python\n(.*?)```", text, re.S)
-    assert match, "docs/kubernetes.md has no Python block marked tested as written by tests/unit/test_kubeflow_sdk.py"
-    return match.group(1)
-
-
 def test_the_docs_example_creates_a_trainjob_whose_pods_form_one_cluster(monkeypatch, capsys):
     import kubeflow.trainer
 
     cluster = RecordedCluster(RUNTIMES.values())
     monkeypatch.setattr(kubeflow.trainer, "TrainerClient", lambda *args, **kwargs: offline_client(cluster))
-    exec(compile(docs_block(), str(PAGE), "exec"), {})
+    exec(compile(docs_block("tests/unit/test_kubeflow_sdk.py"), str(PAGE), "exec"), {})
     trainjob = created_trainjob(cluster)
     trainjob_spec.check_schema(trainjob)
     nodes = trainjob["spec"]["trainer"]["numNodes"]
