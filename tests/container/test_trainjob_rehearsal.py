@@ -111,12 +111,16 @@ def test_a_users_image_from_the_sdk_example_runs_its_plain_script_as_one_two_rep
     monkeypatch.setattr(kubeflow.trainer, "TrainerClient", lambda *args, **kwargs: offline_client(cluster))
     exec(compile(docs_block("tests/unit/test_kubeflow_sdk.py"), "docs/kubernetes.md", "exec"), {})
     trainjob = created_trainjob(cluster)
+    # The docs' placeholders: a registry's image, and a bucket of yours.
     trainjob["spec"]["trainer"]["image"] = own_script_image
+    for entry in trainjob["spec"]["trainer"]["env"]:
+        entry["value"] = entry["value"].replace("gs://BUCKET/", "gs://tj-own/")
     name = trainjob["metadata"]["name"]
-    result = run_trainjob(trainjob, tmp_path, engine=engine)
+    result = run_trainjob(trainjob, tmp_path, "--keep", str(tmp_path / "kept"), engine=engine)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     for pod in (f"{name}-node-0-0", f"{name}-node-0-1"):
         assert "num_replicas_in_sync 2" in lines(result.stdout, pod, "INFO"), result.stdout[-4000:]
     assert "saved to AIP_MODEL_DIR" in lines(result.stdout, f"{name}-node-0-0", "INFO"), result.stdout[-4000:]
+    assert (tmp_path / "kept" / "tj-own" / "runs" / name / "model" / "saved_model.pb").exists()
     assert lines(result.stdout, "local-run", "INFO")[-1] == f"TrainJob {name}: Complete", result.stdout[-2000:]
     assert leftovers(engine) == []
