@@ -64,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(prog="scripts/submit_job.py", description=__doc__.split("\n")[0],
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "jobset", "tfjob", "trainjob"),
-                        help="jobset: a Kubernetes JobSet (new clusters); trainjob: a Kubeflow Trainer v2 TrainJob on the "
-                        "TensorFlow runtimes of manifests/runtimes/; tfjob: a Kubeflow TFJob, for clusters that "
+                        help="jobset: a Kubernetes JobSet (new clusters); tfjob: a Kubeflow TFJob, for clusters that "
                         "still run training-operator 1.9 (maintained only on its release-1.9 branch); ai-platform: "
                         "the format of AI Platform Training, a retired service (shut down on 2025-04-07, Vertex AI's "
                         "deprecations page), kept because its CLUSTER_SPEC and `master` chief still reach the "
-                        "trainer; new jobs go to vertex")
+                        "trainer; new jobs go to vertex; trainjob: a Kubeflow Trainer v2 TrainJob on the TensorFlow "
+                        "runtimes of manifests/runtimes/")
     parser.add_argument("--dry-run", action="store_true", help="print the spec; no credentials, no network")
     parser.add_argument("--self-check", action="store_true",
                         help="vertex: instead of training, run `python -m trainer.selfcheck` on one replica of the "
