@@ -605,3 +605,21 @@ def test_the_hand_written_trainjob_of_the_docs_trains_two_workers_with_its_image
     clusters = {json.dumps(resolve(pod["env"]).tf_config, sort_keys=True) for pod in jobset_pods.jobset_pods(built.jobset)}
     assert [json.loads(c)["cluster"] for c in clusters] == [{"worker": ["mnist-node-0-0.mnist:2222",
                                                                        "mnist-node-0-1.mnist:2222"]}] * 2
+
+
+@pytest.mark.parametrize("request_name", REQUESTS)
+def test_the_jobset_trainer_builds_loads_into_the_jobset_models_and_kubernetes_schemas(request_name):
+    """What the rules build is a JobSet the API server takes: JobSet v1alpha2's models read it whole,
+    and each Job and pod template passes Kubernetes' strict schemas."""
+    import kubernetes_validate
+    from kubeflow_trainer_api.models.jobset_v1alpha2_job_set import JobsetV1alpha2JobSet
+
+    jobset = to_jobset(written(*REQUESTS[request_name]), list(RUNTIMES.values())).jobset
+    assert JobsetV1alpha2JobSet.from_dict(jobset).to_dict() == jobset
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        job_spec = rjob["template"]["spec"]
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"demo-{rjob['name']}-0"}, "spec": job_spec}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"demo-{rjob['name']}-0-0"},
+               "spec": job_spec["template"]["spec"]}
+        for kubernetes_object in (job, pod):
+            assert kubernetes_validate.validate(kubernetes_object, "1.33", strict=True) == "1.33"
