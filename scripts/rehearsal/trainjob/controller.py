@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from scripts.jobspec import trainjob as trainjob_spec
 from scripts.rehearsal.jobset import controller as jobset_controller
 from scripts.rehearsal.runner import RehearsalError, Session
 from scripts.rehearsal.trainjob import admission, build, ml_policy, patches, pod_sets
@@ -44,9 +45,7 @@ class Built:
 def to_jobset(trainjob: dict, runtimes: list[dict]) -> Built:
     """The JobSet Trainer would apply for `trainjob` on the runtime it names among `runtimes`;
     RehearsalError, one line, for what the API server, the webhooks or the controller refuse."""
-    from scripts.jobspec import trainjob as trainjob_spec  # the models' strict check, as kubectl's
-
-    trainjob_spec.check_schema(trainjob)
+    trainjob_spec.check_schema(trainjob)  # the models' strict check, as kubectl's strict field validation
     for runtime in runtimes:
         trainjob_spec.check_schema(runtime)
     installed = [admission.admitted_runtime(runtime) for runtime in runtimes]
