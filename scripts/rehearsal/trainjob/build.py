@@ -25,6 +25,7 @@ builder.go:113-158):
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
@@ -128,8 +129,6 @@ def _mounts_initializer_volume(spec: dict, initializer: str) -> bool:
 def build(template: dict, sets: list[PodSet], trainjob: dict) -> dict:
     """The JobSet Trainer applies for `trainjob`: `template` is the patched runtime template
     (patches.patched_template) whose spec the policies have already changed, `sets` its pod sets."""
-    import copy
-
     spec = copy.deepcopy(template["spec"])
     for pod_set in sets:
         rjob = next(r for r in spec["replicatedJobs"] if r["name"] == pod_set.name)
@@ -146,7 +145,8 @@ def build(template: dict, sets: list[PodSet], trainjob: dict) -> dict:
             for field in ("image", "command", "args"):
                 if trainer.get(field) is not None:
                     container[field] = copy.deepcopy(trainer[field])
-            container["env"] = ml_policy.upsert_env(container.get("env") or [], trainer.get("env") or [])
+            if trainer.get("env"):
+                container["env"] = ml_policy.upsert_env(container.get("env") or [], trainer["env"])
     metadata = trainjob["metadata"]
     jobset_metadata = {"name": metadata["name"], "namespace": metadata.get("namespace", "default")}
     for kind in ("labels", "annotations"):

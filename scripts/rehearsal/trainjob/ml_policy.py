@@ -51,5 +51,5 @@ def enforce(sets: list[PodSet], spec: dict, trainjob: dict) -> None:
     if trainer.get("numNodes") is not None:
         sets[first].count = int(trainer["numNodes"])
     for container in pod_spec_of(spec["replicatedJobs"][first]).get("containers") or []:
-        if container.get("name") == NODE:
-            container["env"] = upsert_env(container.get("env") or [], trainer.get("env") or [])
+        if container.get("name") == NODE and trainer.get("env"):
+            container["env"] = upsert_env(container.get("env") or [], trainer["env"])
