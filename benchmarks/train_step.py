@@ -55,7 +55,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer import cli, precision, selfcheck  # noqa: E402
+from trainer import cli, precision  # noqa: E402
+from trainer.checks import selfcheck  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -168,12 +169,13 @@ def tf_keras_trainer_model(policy: str, image_size: int) -> tf_keras.Model:
 
 def trainer_steps(policy: str, jit_compile: bool, image_size: int, steps_per_execution: int, spec):
     """The trainer's own ResNet50 + head under `policy` in Keras 3, compiled as a job compiles it
-    (the cassava task's optimizer, loss and metrics through trainer.plan) and stepped by the
+    (the cassava task's optimizer, loss and metrics through trainer.runtime.plan) and stepped by the
     runtime's loop (trainer.loop.Steps, with its input-wait measurement) under a one-device
     strategy, as a single-process job runs."""
     from cassava import model as model_lib
     from cassava.task import CassavaTask
-    from trainer import loop, plan
+    from trainer import loop
+    from trainer.runtime import plan
 
     task, strategy = CassavaTask(), tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_physical_devices("GPU")
                                                                     else "/cpu:0")
@@ -200,7 +202,7 @@ def _single():
 
 def _config(image_size: int, steps_per_execution: int, jit_compile: bool):
     from cassava.task import CassavaTask
-    from trainer import config as config_lib
+    from trainer.runtime import config as config_lib
 
     argv = ["--weights", "none", "--learning-rate", "1e-4", "--image-size", str(image_size),
             "--steps-per-execution", str(steps_per_execution), *(["--jit-compile"] if jit_compile else [])]

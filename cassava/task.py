@@ -196,7 +196,7 @@ class CassavaTask(Task):
 
     def export(self, trained, path: str, run: Run) -> None:
         """A SavedModel with the serving signatures cassava.signature writes (the runtime hands
-        over the model in float32, trainer.saving)."""
+        over the model in float32, trainer.runtime.saving)."""
         from cassava import signature
 
         signature.save(trained, path, self.train_split.class_names, run.flags.image_size)

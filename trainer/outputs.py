@@ -92,7 +92,7 @@ def join(*parts: str) -> str:
 
 
 def backup_dir(checkpoint_dir: str) -> str:
-    """The preemption backup (trainer.preemption), shared by every task of the job."""
+    """The preemption backup (trainer.library.backup), shared by every task of the job."""
     return join(checkpoint_dir, "backup")
 
 

@@ -68,7 +68,7 @@ import json
 import tensorflow as tf
 tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                            [tf.config.LogicalDeviceConfiguration()] * 2)
-from trainer import input_wait
+from trainer.library import input_wait
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
     wait = input_wait.InputWait(lanes=2)

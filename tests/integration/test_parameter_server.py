@@ -203,7 +203,8 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
     import keras, portpicker, tensorflow as tf
     from cassava import data, model as model_lib
-    from trainer import loop, strategy as strategy_lib
+    from trainer import loop
+    from trainer.runtime import strategy as strategy_lib
     from trainer.cluster import resolve
 
     workers, ps = 2, 2

@@ -384,7 +384,7 @@ def check_module(command: Command) -> None:
     if module == "cassava.task":
         assert not (error := trainer_args_error(argv)), f"{command}: {error}"
     elif module == "trainer.launch":
-        from trainer import launch
+        from trainer.process import launch
 
         own, task_command = split_at_dashes(argv)
         assert not (error := run_parser(launch.build_parser().parse_args, own)), f"{command}: {error}"
@@ -403,10 +403,10 @@ def check_task_command(command: Command, words: list[str]) -> None:
     project's own scripts must declare the flags), or either under `python -m trainer.run --`."""
     assert words[:1] == ["python"], f"{command}: tasks run {words[:1]}, not python"
     if words[1:3] == ["-m", "trainer.run"]:
-        from trainer import run
+        from trainer.process import command
 
         own, inner = split_at_dashes(words[3:])
-        assert not (error := run_parser(run.build_parser().parse_args, own)), f"{command}: {error}"
+        assert not (error := run_parser(command.build_parser().parse_args, own)), f"{command}: {error}"
         assert inner, f"{command}: trainer.run runs no command"
         return check_task_command(command, inner)
     if words[1:3] == ["-m", "cassava.task"]:

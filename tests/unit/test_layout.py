@@ -49,11 +49,11 @@ def trainer_uses(path: Path) -> list[tuple[str, str | None, int]]:
 
 def test_the_runtime_imports_nothing_from_the_examples_or_the_server():
     offenders = []
-    for path in sorted((REPO / "trainer").glob("*.py")):
+    for path in sorted((REPO / "trainer").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
                        [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            offenders += [f"{path.name}:{node.lineno} {m}" for m in modules
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} {m}" for m in modules
                           if m.split(".")[0] in ("cassava", "serving", "fares", "examples")]
     assert offenders == []
 
@@ -108,7 +108,7 @@ def test_a_task_sets_the_defaults_of_the_flags_that_depend_on_its_model():
     import sys
 
     from cassava.task import CassavaTask
-    from trainer import config
+    from trainer.runtime import config
     from trainer.cluster import resolve
 
     sys.path.insert(0, str(REPO / "examples" / "fares"))

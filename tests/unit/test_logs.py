@@ -1,5 +1,5 @@
 """The known-harmless lines, and only those, are recognised and dropped: by the runtime's
-supervisors (trainer.relay.Filter, which trainer.run and trainer.launch use) and, while TensorFlow
+supervisors (trainer.process.relay.Filter, which trainer.run and trainer.launch use) and, while TensorFlow
 is imported, by the prediction server (serving.quiet_tensorflow); and Keras' progress lines are
 told from the rest."""
 
@@ -14,7 +14,8 @@ import pytest
 
 from helpers import REPO
 from serving import quiet_tensorflow
-from trainer import logs, relay
+from trainer.runtime import logs
+from trainer.process import relay
 
 REAL_LINES = [
     "W0000 00:00:1795377681.420217   13677 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will not be optimized "

@@ -10,11 +10,13 @@ import sys
 import keras
 import tensorflow as tf
 
-from trainer import backup as backup_lib
-from trainer import callbacks, exits, loop, outputs, peers, plan, run_record, saving, storage
-from trainer import strategy as strategy_lib
+from trainer import exits, outputs
+from trainer.library import backup as backup_lib
+from trainer.library import loop
+from trainer.runtime import callbacks, peers, plan, provenance, saving, storage
+from trainer.runtime import strategy as strategy_lib
 from trainer.cluster import Cluster
-from trainer.config import ConfigError, TrainConfig
+from trainer.runtime.config import ConfigError, TrainConfig
 from trainer.tasks import Task
 
 log = logging.getLogger("trainer")
@@ -99,5 +101,5 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str, n
         summary = task.final_summary(history[-1], run_info) if history else None
         if summary:
             log.info("%s", summary)
-        run_record.write(config, cluster, run_info, history, type(model.optimizer).__name__)
+        provenance.write(config, cluster, run_info, history, type(model.optimizer).__name__)
     return exits.OK

@@ -21,11 +21,11 @@ beside the gradients'), capped by its own step's time.
 Both sums live in two variables summed over the replicas (under ParameterServerStrategy on a
 parameter server, where every worker adds to them); per replica they are the sums over the
 `lanes` replicas that step side by side. The chief's epoch line says them
-(trainer.callbacks.EpochLog), and TensorBoard gets the share.
+(trainer.runtime.callbacks.EpochLog), and TensorBoard gets the share.
 
 What it cannot see: on a machine without accelerators the pipeline and the model share the same
 cores, and a pipeline that decodes ahead of the model takes their time without making any step
-wait. The step is then slower, not waiting; a profile (trainer.profiling) shows where the cores
+wait. The step is then slower, not waiting; a profile (trainer.runtime.profiling) shows where the cores
 went.
 """
 

@@ -11,9 +11,10 @@ from typing import Any, Iterator
 import keras
 import tensorflow as tf
 
-from trainer import callbacks, loop, profiling
+from trainer.library import loop
+from trainer.runtime import callbacks, profiling
 from trainer.cluster import Cluster
-from trainer.config import ConfigError, TrainConfig
+from trainer.runtime.config import ConfigError, TrainConfig
 from trainer.tasks import DataError, Examples, Run, Task
 
 log = logging.getLogger("trainer")

@@ -11,7 +11,9 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from trainer import hypertune, input_wait, loop, outputs
+from trainer import outputs
+from trainer.library import input_wait, loop
+from trainer.runtime import hypertune
 
 log = logging.getLogger("trainer")
 
@@ -42,7 +44,7 @@ def metrics_only(logs: dict) -> dict:
 class EpochLog(loop.Events):
     """`epoch N/M begins` and `epoch N/M ends`, the end with the epoch's metrics and time when
     `with_metrics` (the chief's: every worker would print the same all-reduced numbers again),
-    then the input-wait line (trainer.input_wait). One line format on every task."""
+    then the input-wait line (trainer.library.input_wait). One line format on every task."""
 
     def __init__(self, epochs: int, with_metrics: bool = True):
         self.epochs = epochs
@@ -95,11 +97,11 @@ class TensorBoardLog(loop.Events):
 
 class EpochCheckpoints(loop.Events):
     """The model's weights after every epoch, `CHECKPOINT_DIR/epoch-N`, for the side-car evaluator
-    and the export (trainer.saving). Weights only: the backup holds the optimizer. Under
+    and the export (trainer.runtime.saving). Weights only: the backup holds the optimizer. Under
     MultiWorkerMirroredStrategy every worker writes (a collective); only the chief's is kept."""
 
     def __init__(self, checkpoint_dir: str, model, is_chief: bool):
-        from trainer import saving
+        from trainer.runtime import saving
 
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint = saving.weights_checkpoint(model)
@@ -107,13 +109,13 @@ class EpochCheckpoints(loop.Events):
         self.last: str | None = None
 
     def epoch_end(self, epoch: int, logs: dict) -> None:
-        from trainer import saving
+        from trainer.runtime import saving
 
         self.last = saving.write_weights(self.checkpoint, self.checkpoint_dir, epoch, self.is_chief)
 
 
 class HypertuneReport(loop.Events):
-    """Reports one metric per epoch to Vertex AI hyperparameter tuning (trainer.hypertune): the
+    """Reports one metric per epoch to Vertex AI hyperparameter tuning (trainer.runtime.hypertune): the
     validation value when there is one, else the training value. The chief's only."""
 
     def __init__(self, metric: str, reporter: hypertune.Reporter | None = None):

@@ -16,9 +16,10 @@ import time
 
 import tensorflow as tf
 
-from trainer import outputs, plan, saving
+from trainer import outputs
+from trainer.runtime import plan, saving
 from trainer.cluster import Cluster
-from trainer.config import TrainConfig
+from trainer.runtime.config import TrainConfig
 from trainer.tasks import DataError, Task
 
 log = logging.getLogger("trainer")
@@ -30,7 +31,7 @@ class EvaluatorTimeout(RuntimeError):
 
 
 def checkpoint_epoch(path: str) -> int:
-    """The epoch of a checkpoint trainer.saving wrote (`.../epoch-3`), -1 for anything else."""
+    """The epoch of a checkpoint trainer.runtime.saving wrote (`.../epoch-3`), -1 for anything else."""
     match = re.search(r"epoch-(\d+)$", path)
     return int(match.group(1)) if match else -1
 
@@ -64,7 +65,7 @@ def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: floa
 
 def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     """`name`: the command's name, for its error lines."""
-    # It evaluates in float32 whatever the job trains in (trainer.saving builds the model so).
+    # It evaluates in float32 whatever the job trains in (trainer.runtime.saving builds the model so).
     examples = task.prepare(config.task_flags)
     # The whole validation set each time, unless --validation-steps says otherwise.
     steps = plan.validation_steps(config, examples, config.per_replica_batch_size)

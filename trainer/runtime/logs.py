@@ -7,7 +7,7 @@ INFO, so a run that logged its progress to stderr would read as a stream of erro
 Python-side messages that are harmless and only repeat in every task are left out here, each
 with its reason: its INFO lines (one per collective all-reduce) and one Keras warning our own code
 triggers (below). What TensorFlow's C++ runtime writes straight to file descriptor 2 no Python
-filter sees: trainer/relay.py leaves those lines out, from outside the process.
+filter sees: trainer/process/relay.py leaves those lines out, from outside the process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import sys
 
 # Keras times the first batches' callbacks against the step. Our preemption vote
-# (trainer.preemption.StepAgreement) reads a value the step computes, so it waits for the step
+# (trainer.library.backup.SynchronousGuard) reads a value the step computes, so it waits for the step
 # to finish on the device, and Keras books that wait as the callback's time.
 _KERAS_FALSE_ALARM = "Callback method `on_train_batch_end` is slow compared to the batch time"
 

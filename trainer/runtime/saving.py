@@ -67,7 +67,7 @@ def model_from_checkpoint(task: Task, run: Run, checkpoint: str, element_spec=No
     compiled with the task's loss and metrics (no optimizer). Used by the export and the side-car
     evaluator. A model that creates its weights on its first call is called once on zeros of
     `element_spec`'s shape."""
-    from trainer import loop
+    from trainer.library import loop
 
     restoring = dataclasses.replace(run, trains=False)
     with precision.float32_policy():

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer import outputs
 from trainer.cluster import Cluster
-from trainer.config import TrainConfig
+from trainer.runtime.config import TrainConfig
 from trainer.tasks import Run
 
 FILE_NAME = "run.json"

@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 import tensorflow as tf
 
-from trainer import loop
+from trainer.library import loop
 
 log = logging.getLogger("trainer")
 

@@ -22,11 +22,13 @@ import sys
 import keras
 import tensorflow as tf
 
-from trainer import backup as backup_lib
-from trainer import callbacks, exits, loop, outputs, plan, run_record, saving, storage
-from trainer import strategy as strategy_lib
+from trainer import exits, outputs
+from trainer.library import backup as backup_lib
+from trainer.library import loop
+from trainer.runtime import callbacks, plan, provenance, saving, storage
+from trainer.runtime import strategy as strategy_lib
 from trainer.cluster import Cluster
-from trainer.config import TrainConfig
+from trainer.runtime.config import TrainConfig
 from trainer.tasks import Task
 
 log = logging.getLogger("trainer")
@@ -84,7 +86,7 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
 
     # The coordinator traces the train step that every worker runs, so its policy is the job's;
     # it decides from its own devices (Vertex gives the chief the workers' machine type). The
-    # export computes in float32 whatever this picks (trainer.saving).
+    # export computes in float32 whatever this picks (trainer.runtime.saving).
     plan.choose_precision(task, make_run(), config)
     run_info = make_run()
     log.info(
@@ -138,5 +140,5 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     summary = task.final_summary(history[-1], run_info) if history else None
     if summary:
         log.info("%s", summary)
-    run_record.write(config, cluster, run_info, history, type(model.optimizer).__name__)
+    provenance.write(config, cluster, run_info, history, type(model.optimizer).__name__)
     return exits.OK
