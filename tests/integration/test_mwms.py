@@ -126,7 +126,10 @@ def test_the_chief_records_the_run_beside_the_model(two_worker_run):
     record = json.loads((out / "model" / "run.json").read_text())
     assert record["strategy"] == "multi_worker_mirrored" and record["replicas_in_sync"] == 2
     assert record["precision"] == "mixed_bfloat16" and record["task_flags"]["architecture"] == "small"
-    assert [sorted(epoch) for epoch in record["epochs"]][0][:2] == ["accuracy", "input_step_seconds"]
+    # Each epoch's metrics, and apart from them its time and input wait.
+    first = record["epochs"][0]
+    assert sorted(first) == ["input_wait", "metrics", "seconds"] and sorted(first["metrics"])[:2] == ["accuracy", "loss"]
+    assert 0 <= first["input_wait"]["share"] <= 1 and first["input_wait"]["step_seconds"] <= first["seconds"]
     import keras
     import tensorflow as tf
 

@@ -3,7 +3,8 @@
 Keras 3's own `Model.fit` cannot train across workers on TensorFlow: under
 MultiWorkerMirroredStrategy it fails as soon as two worker processes run (keras-team/keras#20585),
 and it has no ParameterServerStrategy support at all (keras-team/keras#18624). This module trains
-the same compiled model with a loop of its own and reports the metrics `fit` would report:
+the same compiled model with a loop of its own, calls Keras callbacks as `fit` calls them, and
+returns the metrics `fit` would log:
 
     with strategy.scope():
         model = build_model()
@@ -11,12 +12,29 @@ the same compiled model with a loop of its own and reports the metrics `fit` wou
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
     steps = Steps(strategy, model)
     steps.build(element_spec)                 # the model, its metrics and the optimizer, in scope
-    history = fit(steps, iter(dataset), epochs=3, steps_per_epoch=100)
+    history = fit(steps, iter(dataset), epochs=3, steps_per_epoch=100, callbacks=[...])
 
-Each replica's step is Keras' own recipe: the forward pass under `tf.GradientTape`, the model's
-`compute_loss` and `compute_metrics`, and the optimizer's `apply`, which all-reduces the
-gradients under the mirrored strategies (MultiWorkerMirrored, Mirrored). Under
-ParameterServerStrategy the same step runs on whichever worker is free (`ClusterCoordinator`).
+It imports Keras and TensorFlow and nothing else: the file can be copied into a project as it is.
+(`trainer.library.fit_model` is `model.fit` for a script on top of it.)
+
+Each replica's step is Keras' own recipe, as its TensorFlow trainer writes `train_step`
+(keras/src/backend/tensorflow/trainer.py, keras 3.15): the forward pass under
+`tf.GradientTape`; the loss through `Model._compute_loss`, Keras' wrapper that also calls a
+`compute_loss` override written before Keras 3.3 (without `training`); the loss tracked unscaled
+(`unscale_loss_for_distribution`: Keras' loss reduction divides it by the replicas in sync, and so
+does its TensorFlow trainer for `model.losses`); `compute_metrics`; the optimizer's `scale_loss`
+and `apply`, which all-reduces the gradients under the mirrored strategies (MultiWorkerMirrored,
+Mirrored). Under ParameterServerStrategy the same step runs on whichever worker is free
+(`ClusterCoordinator`). Those two helpers are private in Keras 3.15 (the version pinned here);
+its trainer calls them the same way.
+
+`fit` drives `keras.callbacks` as `Model.fit` does: train begin and end, each epoch's begin and
+end (0-based, with the epoch's logs), a train batch's begin and end around each call of the train
+function (the index of its last step in the epoch; no per-batch logs: reading the metrics across
+workers at every step would cost a collective each), test begin and end around validation. It
+stops once `model.stop_training` is set, after a call of the train function or at an epoch's end,
+and ends with the optimizer's `finalize_variable_values` (an EMA optimizer's averages), as `fit`
+does.
 
 Where it departs from `fit`, and why:
 - Metric updates are computed from a zero state inside `keras.StatelessScope` and added to the
@@ -24,39 +42,47 @@ Where it departs from `fit`, and why:
   writes back; two ParameterServer workers that update one metric at once lose each other's counts
   (2 workers, 20 steps: the optimizer counted 17). TensorFlow's own `assign_add` is atomic. For the
   same reason the optimizer's step counter is given TensorFlow's `assign_add` under that strategy.
-- Regularization losses (`model.losses`) are divided by the replicas in sync, like the compiled
-  loss is: Keras 3 adds them whole on every replica, and the all-reduce would sum them once per
-  replica.
 - Under the mirrored strategies, batch-norm statistics and other non-trainable float variables
   are averaged over the replicas at each epoch's end (`sync_state`): Keras 3 updates them on each
   replica alone, so without it every worker would save statistics of its own share of the data.
-- Every step measures how long it waited for its batch (`trainer.library.input_wait`), outside any XLA
-  region.
+- A caller may measure each step's wait for its batch: `Steps(..., input_wait=...)` takes an
+  object with `record(waited, stepped)` and `reset()` (trainer/library/input_wait.py is one),
+  which each replica's step then hands two spans measured inside it, outside any XLA region.
 XLA (`jit_compile`) compiles the forward and backward pass only: the gradients' all-reduce runs
 outside it (TensorFlow implements no collectives for CPUs under XLA).
 """
 
 from __future__ import annotations
 
-import sys
-import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator, Protocol, Sequence
 
 import keras
 import tensorflow as tf
-
-from trainer.library import input_wait
+from keras.src.losses.loss import unscale_loss_for_distribution
 
 
 class UnsupportedModel(ValueError):
     """A model this loop cannot train as it is. str() is one line."""
 
 
-class Events:
-    """What the loop tells its caller between steps; each method may be left as it is.
+class StepTimer(Protocol):
+    """What `Steps(input_wait=...)` takes: created in the strategy's scope, handed each replica's
+    step from inside it."""
 
-    `steps_done` runs after every call of the train function (`steps_per_execution` steps) with
-    the 1-based epoch and the steps done in it; raising there stops training (a preemption)."""
+    def record(self, waited: tf.Tensor, stepped: tf.Tensor) -> None:
+        """Seconds this replica's step waited for its batch, and seconds the whole step took."""
+
+    def reset(self) -> None:
+        """Forgets what was recorded."""
+
+
+class Events(keras.callbacks.Callback):
+    """A Keras callback in the loop's own terms, for hooks that count steps: 1-based epochs, and
+    the steps done in the epoch after each call of the train function (`steps_per_execution`
+    steps). Each method may be left as it is; raising in `steps_done` stops training (a
+    preemption)."""
+
+    _epoch = 0
 
     def epoch_begin(self, epoch: int) -> None:
         pass
@@ -66,6 +92,16 @@ class Events:
 
     def epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
         pass
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        self.epoch_begin(self._epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps_done(self._epoch, batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_end(epoch + 1, dict(logs or {}))
 
 
 def check_trainable(model: Any) -> None:
@@ -96,7 +132,7 @@ class Steps:
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model, *, steps_per_execution: int = 1,
                  jit_compile: bool = False, coordinator: tf.distribute.coordinator.ClusterCoordinator | None = None,
-                 input_lanes: int | None = None):
+                 input_wait: StepTimer | None = None):
         check_trainable(model)
         self.strategy = strategy
         self.model = model
@@ -104,9 +140,7 @@ class Steps:
         self.steps_per_execution = steps_per_execution
         self.coordinator = coordinator
         self.replicas = strategy.num_replicas_in_sync
-        with strategy.scope():
-            # `lanes`: replicas that step side by side (every worker's, under ParameterServerStrategy).
-            self.input_wait = input_wait.InputWait(input_lanes or self.replicas)
+        self.input_wait = input_wait
         self._gradients = tf.function(self._forward_backward, jit_compile=True) if jit_compile else self._forward_backward
         self._train = tf.function(self._train_steps)
         # One step without a loop: a profile groups a step's ops under the step's marker only when
@@ -133,7 +167,7 @@ class Steps:
             y_pred = self.model(x, training=False)
             # Regularizers read the weights from the scope's mapping.
             with keras.StatelessScope(state_mapping=[(v, v.value) for v in self.model.trainable_variables]):
-                self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+                self.model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
                 self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
         with self.strategy.scope():
@@ -151,7 +185,7 @@ class Steps:
         model = self.model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = self._loss(x, y, y_pred, sample_weight, training=True)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             scaled = self.optimizer.scale_loss(loss)  # float16: LossScaleOptimizer's scale
         gradients = tape.gradient(scaled, model.trainable_variables)
         return gradients, self._metric_increments(loss, x, y, y_pred, sample_weight)
@@ -160,35 +194,31 @@ class Steps:
         """What this batch adds to each metric variable, computed from a zero state."""
         zero_state = [(v, tf.zeros(v.shape, v.dtype)) for v in self.metric_variables]
         with keras.StatelessScope(state_mapping=zero_state) as scope:
-            self._track_loss(loss, x)
+            if self.loss_tracker is not None:
+                # As `fit` logs it: this replica's mean over its batch, weighted by its size.
+                batch = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
+                self.loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=batch)
             self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return [scope.get_current_value(v) for v in self.metric_variables]
-
-    def _loss(self, x, y, y_pred, sample_weight, training: bool):
-        loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-        if self.model.losses and self.replicas > 1:
-            # compute_loss divides the compiled loss by the replicas, but adds model.losses whole.
-            loss -= tf.cast(tf.add_n(self.model.losses), loss.dtype) * (1.0 - 1.0 / self.replicas)
-        return loss
-
-    def _track_loss(self, loss, x) -> None:
-        """The loss as `fit` logs it: this replica's mean over its batch, weighted by its size."""
-        if self.loss_tracker is not None:
-            batch = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
-            self.loss_tracker.update_state(loss * self.replicas, sample_weight=batch)
 
     def _add_to_metrics(self, increments) -> None:
         for variable, increment in zip(self.metric_variables, increments):
             variable.value.assign_add(tf.cast(increment, variable.dtype))
 
-    def _train_step(self, batch) -> None:
-        started = tf.timestamp()
-        with tf.control_dependencies(tf.nest.flatten(batch)):
-            ready = tf.timestamp()
+    def _step(self, batch) -> None:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         gradients, increments = self._gradients(x, y, sample_weight)
         self.optimizer.apply(gradients, self.model.trainable_variables)
         self._add_to_metrics(increments)
+
+    def _train_step(self, batch) -> None:
+        if self.input_wait is None:
+            self._step(batch)
+            return
+        started = tf.timestamp()
+        with tf.control_dependencies(tf.nest.flatten(batch)):
+            ready = tf.timestamp()
+        self._step(batch)
         with tf.control_dependencies([self.optimizer.iterations.value.read_value(), *self._update_applied()]):
             ended = tf.timestamp()
         self.input_wait.record(ready - started, ended - started)
@@ -213,7 +243,7 @@ class Steps:
     def _test_step(self, batch) -> None:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         y_pred = self.model(x, training=False)
-        loss = self._loss(x, y, y_pred, sample_weight, training=False)
+        loss = self.model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
         self._add_to_metrics(self._metric_increments(loss, x, y, y_pred, sample_weight))
 
     # -- compiled functions over a distributed iterator ---------------------------------------
@@ -249,12 +279,13 @@ class Steps:
         else:
             function(*args)
         if not self._started:
-            # The run's first call waits for the input pipeline to start (and, under
-            # ParameterServerStrategy, for every worker to build it): no pipeline avoids that, and
-            # it says nothing of whether the job is input-bound, so it is not counted.
             self._started = True
-            self.wait()
-            self.input_wait.reset()
+            if self.input_wait is not None:
+                # The run's first call waits for the input pipeline to start (and, under
+                # ParameterServerStrategy, for every worker to build it): no pipeline avoids that,
+                # and it says nothing of whether the job is input-bound, so it is not counted.
+                self.wait()
+                self.input_wait.reset()
 
     def test(self, iterator, steps: int) -> None:
         self._test(iterator, tf.constant(steps))
@@ -264,12 +295,12 @@ class Steps:
         if self.coordinator is not None:
             self.coordinator.join()
 
-    def results(self, prefix: str = "") -> dict[str, float]:
+    def results(self) -> dict[str, float]:
         """The metrics since the last reset, aggregated over every replica, as `fit` logs them.
         Under MultiWorkerMirroredStrategy every worker must call it at the same point."""
         self.wait()
         results = self._read() if self.coordinator is None else self.model.get_metrics_result()
-        return {f"{prefix}{name}": float(value) for name, value in results.items()}
+        return {name: float(value) for name, value in results.items()}
 
     def reset(self) -> None:
         self.model.reset_metrics()
@@ -295,130 +326,46 @@ def _atomic_counter(variable: keras.Variable) -> None:
 
 
 def fit(steps: Steps, train: Iterator, *, epochs: int, steps_per_epoch: int, start_epoch: int = 1,
-        start_step: int = 0, validation: tuple[Iterator, int] | None = None, events: Events | None = None,
-        clock: Callable[[], float] = time.monotonic) -> list[dict[str, float]]:
+        start_step: int = 0, validation: tuple[Iterator, int] | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | keras.callbacks.CallbackList | None = None,
+        ) -> list[dict[str, float]]:
     """Trains from epoch `start_epoch` (1-based), `start_step` steps into it, to the end of epoch
-    `epochs`; after each epoch, validates on `validation` (an iterator over validation batches and
-    how many to read) and hands the epoch's logs to `events`. Returns every epoch's logs: the
-    metrics as `fit` names them (`loss`, `accuracy`, `val_loss`, ...), plus the input wait's
-    (trainer.library.input_wait) and `seconds`."""
-    events = events or Events()
-    history = []
+    `epochs` or until `model.stop_training` is set; after each epoch, validates on `validation`
+    (an iterator over validation batches and how many to read). `callbacks`: Keras callbacks
+    (`Events` among them), called as the module's docstring says. Returns each epoch's logs as
+    `fit` names them (`loss`, `accuracy`, `val_loss`, ...): the metrics, nothing else."""
+    model = steps.model
+    if not isinstance(callbacks, keras.callbacks.CallbackList):
+        callbacks = keras.callbacks.CallbackList(callbacks, model=model, epochs=epochs, steps=steps_per_epoch)
+    model.stop_training = False
+    history: list[dict[str, float]] = []
+    callbacks.on_train_begin()
     for epoch in range(start_epoch, epochs + 1):
-        events.epoch_begin(epoch)
-        started = clock()
+        callbacks.on_epoch_begin(epoch - 1)
         done = start_step if epoch == start_epoch else 0
-        while done < steps_per_epoch:
+        while done < steps_per_epoch and not model.stop_training:
             count = min(steps.steps_per_execution, steps_per_epoch - done)
+            callbacks.on_train_batch_begin(done)
             # The step marker a profile's step-time views group by (as Keras' fit writes it; 0-based).
             with tf.profiler.experimental.Trace("train", epoch_num=epoch - 1, step_num=done, _r=1):
                 steps.train(train, count)
             done += count
-            events.steps_done(epoch, done)
+            callbacks.on_train_batch_end(done - 1)
         logs = steps.results()
-        logs.update(steps.input_wait.results(steps.strategy))
         steps.reset()
-        steps.input_wait.reset()
         steps.sync_state()
         if validation is not None:
             iterator, count = validation
+            callbacks.on_test_begin()
             steps.test(iterator, count)
-            logs.update(steps.results("val_"))
+            evaluated = steps.results()
             steps.reset()
-        logs["seconds"] = clock() - started
+            callbacks.on_test_end(evaluated)
+            logs.update({f"val_{name}": value for name, value in evaluated.items()})
+        callbacks.on_epoch_end(epoch - 1, logs)
         history.append(logs)
-        events.epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    model.optimizer.finalize_variable_values(model.trainable_weights)
+    callbacks.on_train_end(history[-1] if history else None)
     return history
-
-
-class _PrintEpochs(Events):
-    """Keras' `verbose=2` line per epoch, from the chief only."""
-
-    def __init__(self, epochs: int):
-        self.epochs = epochs
-
-    def epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
-        shown = {name: value for name, value in logs.items() if not name.startswith("input_")}
-        seconds = shown.pop("seconds", 0.0)
-        print(f"Epoch {epoch}/{self.epochs} - {seconds:.0f}s - "
-              + " - ".join(f"{name}: {value:.4f}" for name, value in shown.items()), flush=True)
-
-
-def fit_model(model: keras.Model, dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
-              *, epochs: int, steps_per_epoch: int,
-              validation_data: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset] | None = None,
-              validation_steps: int | None = None, backup_dir: str | None = None, verbose: int = 2,
-              steps_per_execution: int = 1) -> keras.callbacks.History:
-    """`model.fit` for a script of your own, under any strategy, MultiWorkerMirrored included.
-
-    In place of `model.fit(dataset, epochs=3, steps_per_epoch=100)`, with the model built and
-    compiled in `strategy.scope()` as `fit` under a strategy wants it:
-
-        from trainer.loop import fit_model
-        history = fit_model(model, dataset, epochs=3, steps_per_epoch=100)
-
-    `dataset` is what `fit` takes under a strategy: a `tf.data.Dataset` of global batches (each
-    worker reads its share, as `fit` shards it), or a function from a `tf.distribute.InputContext`
-    to a dataset of per-replica batches. It is repeated: `steps_per_epoch` says how many batches
-    an epoch is. `validation_data` the same, read for `validation_steps` batches after each
-    epoch. With `backup_dir` (on storage every worker reaches, e.g. a gs:// path), the training
-    state is backed up there every few minutes and on SIGTERM, which then ends the process with
-    exit code 143; a rerun resumes at the step. `verbose=2` prints a line per epoch from the
-    chief. Returns a `keras.callbacks.History`, as `fit` does. ParameterServerStrategy needs the
-    runtime's coordinator: use a `trainer.tasks.Task` there.
-    """
-    strategy = model.distribute_strategy
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        raise UnsupportedModel("fit_model runs the synchronous strategies; a ParameterServer job needs a "
-                               "trainer.tasks.Task (docs/your-own-code.md)")
-    steps = Steps(strategy, model, steps_per_execution=steps_per_execution)
-    train, spec = _distribute(strategy, dataset)
-    steps.build(spec)
-    validation = None
-    if validation_data is not None:
-        if not validation_steps:
-            raise UnsupportedModel("validation_data needs validation_steps: batches to read after each epoch")
-        validation = (iter(_distribute(strategy, validation_data)[0]), validation_steps)
-    chief = strategy.extended.should_checkpoint
-    events: list[Events] = [_PrintEpochs(epochs)] if verbose and chief else []
-    start_epoch, start_step = 1, 0
-    from trainer.library import backup as backup_lib
-    from trainer.runtime import callbacks
-
-    with backup_lib.sigterm_flag() as sigterm:
-        if backup_dir:
-            saved = backup_lib.Backup(backup_dir, model, steps_per_epoch, chief, every_steps=None)
-            start_epoch, start_step = backup_lib.resume_point(saved.restore(), steps_per_epoch)
-            events.insert(0, backup_lib.SynchronousGuard(saved, strategy, sigterm, steps.sync_state))
-        try:
-            logs = fit(steps, iter(train), epochs=epochs, steps_per_epoch=steps_per_epoch, start_epoch=start_epoch,
-                       start_step=start_step, validation=validation, events=callbacks.Composite(events))
-        except backup_lib.Preempted as stop:
-            print(f"preempted (SIGTERM): saved a backup in {backup_dir}; a rerun resumes at epoch {stop.epoch} "
-                  f"step {stop.step}", file=sys.stderr, flush=True)
-            raise SystemExit(143) from None
-    if backup_dir:
-        saved.finish()
-    history = keras.callbacks.History()
-    history.set_model(model)
-    history.epoch = list(range(start_epoch - 1, epochs))
-    for epoch_logs in logs:
-        for name, value in epoch_logs.items():
-            if not name.startswith("input_") and name != "seconds":
-                history.history.setdefault(name, []).append(value)
-    return history
-
-
-def _distribute(strategy: tf.distribute.Strategy, dataset):
-    """(distributed dataset, one input pipeline's element_spec) for a dataset or a dataset function."""
-    if isinstance(dataset, tf.data.Dataset):
-        return strategy.experimental_distribute_dataset(dataset.repeat()), dataset.element_spec
-    specs: list = []
-
-    def built(context):
-        made = dataset(context)
-        specs.append(made.element_spec)
-        return made.repeat()
-
-    distributed = strategy.distribute_datasets_from_function(built)
-    return distributed, specs[0]

@@ -8,12 +8,12 @@ It resolves who this process is (TF_CONFIG, CLUSTER_SPEC, a JobSet pod's variabl
 runtime's flags and the task's, sets the process environment TensorFlow reads at start-up, and
 hands over to the code for its role:
 
-| role                                   | runs                           |
-|----------------------------------------|--------------------------------|
-| chief or worker, synchronous strategy  | trainer.runtime.roles.synchronous                   |
-| chief of a ParameterServerStrategy job | trainer.runtime.roles.parameter_server (coordinator) |
-| worker or ps of such a job             | trainer.runtime.roles.parameter_server.serve         |
-| evaluator                              | trainer.runtime.roles.evaluator              |
+| role                                   | runs (trainer/runtime/roles/)          |
+|----------------------------------------|----------------------------------------|
+| chief or worker, synchronous strategy  | synchronous.train                      |
+| chief of a ParameterServerStrategy job | parameter_server.train (coordinator)   |
+| worker or ps of such a job             | parameter_server.serve                 |
+| evaluator                              | evaluator.evaluate                     |
 
 Configuration and data errors end the process with one line on stderr and exit code 2
 (trainer.exits has the whole contract). In the images the command runs under `python -m
@@ -31,8 +31,9 @@ import sys
 from typing import Sequence
 
 from trainer import cluster as cluster_lib
+from trainer import exits
 from trainer.runtime import config as config_lib
-from trainer.runtime import logs
+from trainer.runtime import logs, storage
 from trainer.runtime import strategy as strategy_lib
 from trainer.tasks import DataError, Task
 
@@ -46,8 +47,6 @@ class StartupError(RuntimeError):
 def prepare_environment(cluster: cluster_lib.Cluster, strategy_name: str, environ) -> None:
     """The variables TensorFlow reads once, at start-up. Must run before TensorFlow is imported."""
     environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from trainer.runtime import storage
-
     for key, value in storage.CLIENT_ENVIRONMENT.items():
         environ.setdefault(key, value)
     if cluster.tf_config is None or cluster.task_type == cluster_lib.EVALUATOR:
@@ -73,9 +72,6 @@ def check_writable(*paths: str) -> None:
                 handle.write("ok")
             tf.io.gfile.remove(probe)
         except (tf.errors.OpError, OSError) as error:
-            from trainer import exits
-            from trainer.runtime import storage
-
             verdict = storage.failure(error)
             if verdict and verdict[0] == exits.RETRYABLE:
                 raise  # Cloud Storage is down, not the path wrong: main reports it as retryable
@@ -84,7 +80,7 @@ def check_writable(*paths: str) -> None:
 
 
 def program_name(task: Task) -> str:
-    """How the command was started, for --help and error lines: `python -m cassava.task`, or
+    """How the command was started, for --help and error lines: `python -m mypackage.task`, or
     `task.py` for a script."""
     module = type(task).__module__
     if module == "__main__":
@@ -118,7 +114,7 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
     log.info("role: %s, strategy: %s, model dir: %s", cluster.task_name, strategy_name, config.model_dir)
     prepare_environment(cluster, strategy_name, os.environ)
 
-    from trainer.runtime import storage
+    # TensorFlow is imported from here on, once prepare_environment has set what it reads at start-up.
     from trainer.library.backup import BackupMismatch
 
     try:
@@ -143,7 +139,7 @@ def _run_role(task: Task, config: config_lib.TrainConfig, cluster: cluster_lib.C
     if cluster.task_type == cluster_lib.EVALUATOR:
         from trainer.runtime.roles import evaluator
 
-        return evaluator.run(task, config, cluster, name)
+        return evaluator.evaluate(task, config, cluster, name)
     if strategy_name == "parameter_server":
         from trainer.runtime.roles import parameter_server
 
@@ -154,13 +150,13 @@ def _run_role(task: Task, config: config_lib.TrainConfig, cluster: cluster_lib.C
                 task.prepare(config.task_flags)
             return parameter_server.serve(cluster)
         check_writable(config.model_dir, config.checkpoint_dir)
-        return parameter_server.run(task, config, cluster, name)
+        return parameter_server.train(task, config, cluster, name)
 
     from trainer.runtime.roles import synchronous
 
     if cluster.is_chief:
         check_writable(config.model_dir, config.checkpoint_dir)
-    return synchronous.run(task, config, cluster, strategy_name, name)
+    return synchronous.train(task, config, cluster, strategy_name, name)
 
 
 def load_task(reference: str) -> Task:

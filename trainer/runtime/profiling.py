@@ -47,6 +47,7 @@ class ProfileSteps(loop.Events):
     def __init__(self, directory: str, first: int, last: int, steps_per_epoch: int,
                  wait: Callable[[], None] = lambda: None):
         """`wait`: until the steps scheduled so far have run (a ParameterServer coordinator's)."""
+        super().__init__()
         self.directory = directory
         self.first, self.last = first, last
         self.steps_per_epoch = steps_per_epoch

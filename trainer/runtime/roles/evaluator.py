@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from trainer import outputs
 from trainer.runtime import plan, saving
+from trainer.runtime.data_errors import data_errors
 from trainer.cluster import Cluster
 from trainer.runtime.config import TrainConfig
 from trainer.tasks import DataError, Task
@@ -63,16 +64,17 @@ def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: floa
         time.sleep(POLL_SECONDS)
 
 
-def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
-    """`name`: the command's name, for its error lines."""
+def evaluate(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
+    """Evaluates each new checkpoint until the final epoch's; returns the exit code. `name`: the
+    command's name, for its error lines."""
     # It evaluates in float32 whatever the job trains in (trainer.runtime.saving builds the model so).
     examples = task.prepare(config.task_flags)
     # The whole validation set each time, unless --validation-steps says otherwise.
     steps = plan.validation_steps(config, examples, config.per_replica_batch_size)
-    run_info = plan.make_run(config, cluster, "evaluator", replicas_in_sync=1, num_input_pipelines=1,
-                             steps_per_epoch=config.steps_per_epoch or 1, validation_steps=steps,
-                             shuffle_seed=config.seed)
-    dataset = task.validation_dataset(run_info, tf.distribute.InputContext())
+    run = plan.make_run(config, cluster, "evaluator", replicas_in_sync=1, num_input_pipelines=1,
+                        steps_per_epoch=config.steps_per_epoch or 1, validation_steps=steps, shuffle_seed=config.seed,
+                        mixed_precision="float32")
+    dataset = task.validation_dataset(run, tf.distribute.InputContext())
     if dataset is None:
         raise DataError(f"the evaluator needs validation data, and the {task.name} task has none with these flags")
     if steps is not None:
@@ -88,7 +90,7 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
             print(f"{name}: error: evaluator: {error}", file=sys.stderr)
             return 2
         try:
-            model = saving.model_from_checkpoint(task, run_info, checkpoint, dataset.element_spec)
+            model = saving.model_from_checkpoint(task, run, checkpoint, dataset.element_spec)
         except saving.CheckpointMismatch as error:
             raise DataError(f"evaluator: {error}: the evaluator needs the training job's own flags") from None
         except tf.errors.OpError as error:
@@ -97,7 +99,7 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
                         (error.message or "").splitlines()[0][:200])
             time.sleep(POLL_SECONDS)
             continue
-        with plan.data_errors(task, run_info):
+        with data_errors(task, run):
             results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)
         last_epoch = checkpoint_epoch(checkpoint)
         with writer.as_default(step=last_epoch):
