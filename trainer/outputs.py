@@ -94,8 +94,3 @@ def join(*parts: str) -> str:
 def backup_dir(checkpoint_dir: str) -> str:
     """The preemption backup (trainer.library.backup), shared by every task of the job."""
     return join(checkpoint_dir, "backup")
-
-
-def checkpoint_pattern(checkpoint_dir: str) -> str:
-    """Per-epoch weights, which the side-car evaluator watches for and a PSS export restores."""
-    return join(checkpoint_dir, "epoch-{epoch:04d}")

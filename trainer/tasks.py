@@ -12,7 +12,7 @@ them Keras 3 (`import keras`):
     from trainer import fit
     from trainer.tasks import Run, Task
 
-    class Fares(Task):
+    class MyTask(Task):
         def train_dataset(self, run: Run, context):
             ...  # this input pipeline's share, batched at context.get_per_replica_batch_size(run.global_batch_size)
 
@@ -23,7 +23,7 @@ them Keras 3 (`import keras`):
             return "mse"
 
     if __name__ == "__main__":
-        fit.run(Fares())
+        fit.run(MyTask())
 
 Every method receives the `Run`: the runtime's decisions for this process, plus the task's own
 flags. The runtime calls them in this order, in every process that needs them:

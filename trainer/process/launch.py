@@ -3,7 +3,7 @@
     python -m trainer.launch --replicas N [--evaluator] [--timeout S] -- COMMAND [ARGS]
     python -m trainer.launch --workers N --ps M [--evaluator] [--timeout S] -- COMMAND [ARGS]
 
-COMMAND is any program that reads its cluster from TF_CONFIG: `python -m cassava.task FLAGS`,
+COMMAND is any program that reads its cluster from TF_CONFIG: `python -m mypackage.task FLAGS`,
 `python -m trainer.fit --task MODULE FLAGS`, `python my_script.py`. A leading `python` or
 `python3` runs this launcher's own interpreter, so the tasks see the same packages.
 
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work-dir", default=None,
                         help="per-task scratch dirs (TMPDIR, hypertune metrics); default a temp dir, removed at the end")
     parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="-- then the command every task runs, e.g. python -m cassava.task --epochs 1")
+                        help="-- then the command every task runs, e.g. python task.py --epochs 1")
     return parser
 
 
@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = relay.with_this_python(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
-        parser.error("no command: give it after --, e.g. -- python -m cassava.task --epochs 1")
+        parser.error("no command: give it after --, e.g. -- python task.py --epochs 1")
     if args.ps and args.replicas:
         parser.error(f"--replicas counts a MultiWorkerMirrored job; with --ps give --workers {args.replicas}, the workers "
                      "besides the chief")
