@@ -123,7 +123,7 @@ def local_multi_worker_fit(strategy, steps: int = 3) -> tuple[int, float]:
     return strategy.num_replicas_in_sync, float(history.history["loss"][-1])
 
 
-def run(args) -> list[str]:
+def check(args) -> list[str]:
     """Prints the report; returns the problems found (empty when the image is fit to train)."""
     import tensorflow as tf
 
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
-        found_problems = run(args)
+        found_problems = check(args)
     except Exception as error:  # noqa: BLE001 - any failure is the answer, in one line
         first = (getattr(error, "message", None) or str(error) or type(error).__name__).strip().splitlines()[0]
         print(f"trainer.selfcheck: error: {type(error).__name__}: {first[:300]}", file=sys.stderr)

@@ -142,7 +142,7 @@ def exit_status(returncode: int, terminated: bool) -> int:
     return code
 
 
-def run(command: Sequence[str], env: Mapping[str, str], log_format_name: str, saved_to: str | None = None) -> int:
+def supervise(command: Sequence[str], env: Mapping[str, str], log_format_name: str, saved_to: str | None = None) -> int:
     """Runs COMMAND to its end as the module docstring says; returns the exit code. `saved_to`:
     the model directory an exit 0 must have left something in, else a warning says so."""
     child: subprocess.Popen | None = None
@@ -241,4 +241,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainer.run: error: {error}", file=sys.stderr)
         return exits.CONFIG
     saved_to = env["AIP_MODEL_DIR"] if saves and environ.get("AIP_MODEL_DIR") else None
-    return run(relay.with_this_python(command), env, log_format(args.log_format, os.environ), saved_to)
+    return supervise(relay.with_this_python(command), env, log_format(args.log_format, os.environ), saved_to)

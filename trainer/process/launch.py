@@ -163,7 +163,8 @@ class Job:
         """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once)."""
         stopping.stop([self.processes[n] for n in names], grace, group=True)
 
-    def run(self, timeout: float | None) -> int:
+    def execute(self, timeout: float | None) -> int:
+        """Starts every task and supervises them until the job ends; returns its exit code."""
         for task in self.tasks:
             self.start(task)
         deadline = time.monotonic() + timeout if timeout else None
@@ -300,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        code = job.run(args.timeout)
+        code = job.execute(args.timeout)
     except KeyboardInterrupt as interrupt:
         job.say(f"interrupted ({interrupt}): tasks stopped")
         code = 130
