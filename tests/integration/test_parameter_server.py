@@ -235,7 +235,7 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     with strategy.scope():
         model = model_lib.build(5, 32, "none", "small")
         model.compile(optimizer=model_lib.optimizer(1e-3), loss=model_lib.LOSS, metrics=model_lib.metrics())
-    steps = loop.Steps(strategy, model, steps_per_execution=2, coordinator=coordinator, input_lanes=workers)
+    steps = loop.Steps(strategy, model, steps_per_execution=2, coordinator=coordinator)
     steps.build(specs[0])
     print("devices:", json.dumps(sorted({v.value.device.split("/device")[0] for v in model.weights})))
     counted = []
@@ -246,14 +246,14 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
 
     original_results = steps.results
 
-    def results(prefix=""):
+    def results():
         steps.wait()
         tracker = next(m for m in model.metrics if m.name == "loss")
         counted.append(float(tracker.count.numpy()))
-        return original_results(prefix)
+        return original_results()
 
     steps.results = results
-    history = loop.fit(steps, iter(per_worker), epochs=2, steps_per_epoch=10, events=Count())
+    history = loop.fit(steps, iter(per_worker), epochs=2, steps_per_epoch=10, callbacks=[Count()])
     print("losses:", json.dumps([round(logs["loss"], 4) for logs in history]))
     print("counted:", json.dumps(counted))
 """)
