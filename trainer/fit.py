@@ -117,15 +117,21 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
     log.info("role: %s, strategy: %s, model dir: %s", cluster.task_name, strategy_name, config.model_dir)
     prepare_environment(cluster, strategy_name, os.environ)
 
-    from trainer import storage
+    from trainer import ownership, storage
     from trainer.backup import BackupMismatch
 
     try:
         # Every task, before anything writes: makedirs under a missing bucket never returns.
         storage.check_buckets([config.model_dir, config.checkpoint_dir, config.tensorboard_dir,
                                *task.input_paths(config.task_flags)])
-        return _run_role(task, config, cluster, strategy_name, name)
-    except (StartupError, DataError, config_lib.ConfigError, storage.StorageError, BackupMismatch) as error:
+        # This job's own place for its state: never another job's backup or checkpoints.
+        config = ownership.settle(config, cluster, type(task).__qualname__, strategy_name, os.environ)
+        code = _run_role(task, config, cluster, strategy_name, name)
+        if code == 0:
+            ownership.finish(config, cluster)
+        return code
+    except (StartupError, DataError, config_lib.ConfigError, storage.StorageError, BackupMismatch,
+            ownership.StateError) as error:
         print(f"{name}: error: {error}", file=sys.stderr)
         return 2
     except Exception as error:

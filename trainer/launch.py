@@ -53,9 +53,11 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from typing import Sequence
 
 from trainer import cli, exits, ports, relay, stopping
+from trainer.ownership import LAUNCH_ID
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
 DEFAULT_GRACE_SECONDS = 20.0
@@ -110,6 +112,7 @@ class Job:
         self.stopped_when_done: set[str] = set()
         self.print_lock = threading.Lock()
         self.readers: list[threading.Thread] = []
+        self.launch_id = uuid.uuid4().hex
 
     def say(self, message: str) -> None:
         with self.print_lock:
@@ -124,6 +127,7 @@ class Job:
         env["TMPDIR"] = os.path.join(scratch, "tmp")
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
         env["PYTHONUNBUFFERED"] = "1"
+        env[LAUNCH_ID] = self.launch_id  # tells this launch's run from an earlier one's (trainer.ownership)
         process = subprocess.Popen(
             self.command,
             env=env,
