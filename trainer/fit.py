@@ -124,6 +124,8 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
         # Every task, before anything writes: makedirs under a missing bucket never returns.
         storage.check_buckets([config.model_dir, config.checkpoint_dir, config.tensorboard_dir,
                                *task.input_paths(config.task_flags)])
+        if trains_model(cluster, strategy_name):
+            task.fetch(config.task_flags)  # before the cluster forms: a failure is one line in each task
         # This job's own place for its state: never another job's backup or checkpoints.
         config = ownership.settle(config, cluster, type(task).__qualname__, strategy_name, os.environ)
         code = _run_role(task, config, cluster, strategy_name, name)
@@ -141,6 +143,14 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
         code, line = verdict
         print(f"{name}: error: {line}", file=sys.stderr)
         return code
+
+
+def trains_model(cluster: cluster_lib.Cluster, strategy_name: str) -> bool:
+    """Whether this process builds the model to train it: every task of a synchronous job, a
+    ParameterServer job's coordinator; not its workers and parameter servers, nor the evaluator."""
+    if cluster.task_type == cluster_lib.EVALUATOR:
+        return False
+    return strategy_name != "parameter_server" or cluster.is_chief
 
 
 def _run_role(task: Task, config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, strategy_name: str,
