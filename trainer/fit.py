@@ -125,6 +125,8 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
         storage.check_buckets([config.model_dir, config.checkpoint_dir, config.tensorboard_dir,
                                *task.input_paths(config.task_flags)])
         if trains_model(cluster, strategy_name):
+            if cluster.is_chief:
+                check_writable(config.model_dir, config.checkpoint_dir)
             task.fetch(config.task_flags)  # before the cluster forms: a failure is one line in each task
         # This job's own place for its state: never another job's backup or checkpoints.
         config = ownership.settle(config, cluster, type(task).__qualname__, strategy_name, os.environ)
@@ -168,13 +170,10 @@ def _run_role(task: Task, config: config_lib.TrainConfig, cluster: cluster_lib.C
                 # must be there on this machine too (a task that generates its data makes it here).
                 task.prepare(config.task_flags)
             return train_ps.serve(cluster)
-        check_writable(config.model_dir, config.checkpoint_dir)
         return train_ps.run(task, config, cluster, name)
 
     from trainer import sync
 
-    if cluster.is_chief:
-        check_writable(config.model_dir, config.checkpoint_dir)
     return sync.run(task, config, cluster, strategy_name, name)
 
 
@@ -207,8 +206,11 @@ def load_task(reference: str) -> Task:
 
 
 def run(task: Task, argv: Sequence[str] | None = None) -> None:
-    """A task module's `__main__`: the task in this process's role; exits with main's code."""
-    sys.exit(main(task, argv))
+    """A task module's `__main__`: the task in this process's role; exits with main's code, in
+    order with the job's other tasks (trainer.ending)."""
+    from trainer import ending
+
+    sys.exit(ending.end(main(task, argv)))
 
 
 def _main_from_command_line() -> int:
@@ -236,4 +238,6 @@ def _main_from_command_line() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main_from_command_line())
+    from trainer import ending
+
+    sys.exit(ending.end(_main_from_command_line()))
