@@ -330,8 +330,9 @@ def _await_run(directory: str, me: Identity, token: str, timeout: float, clock=t
         if evaluator_may_start(record, me, token):
             return
         if clock() > deadline:
-            raise StateError(f"evaluator: this job's chief recorded no run in {directory} for {timeout:.0f}s "
-                             "(--eval-timeout): the chief has not started, or runs with other flags than the evaluator")
+            # The line the evaluator gives when no checkpoint comes (trainer.evaluator): from here, none came.
+            raise StateError(f"evaluator: no new checkpoint in {directory} for {timeout:.0f}s (--eval-timeout); "
+                             "last evaluated epoch: none")
         if not told:
             log.info("evaluator: waiting for this job's chief to record its run in %s", directory)
             told = True
