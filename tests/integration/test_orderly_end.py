@@ -2,8 +2,9 @@
 (trainer.ending). A task that stays 15 s after the last collective (a chief exporting a large
 model, a worker slow to exit) makes TensorFlow's coordination service log an error in one of them
 when each process just exits: the test shows that first, then that the orderly end logs none.
-The runtime's own jobs end through the same function (trainer.fit.run); their healthy runs are
-checked in test_mwms.py, test_parameter_server.py and test_own_code_doc.py."""
+The runtime's own tasks end through `trainer.ending.end` (trainer.fit.run), a level-1 command's
+Python processes through the exit hook trainer.run gives them; healthy runs of both are checked in
+test_mwms.py, test_parameter_server.py, test_own_code_doc.py and test_level1_doc.py."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ ERRORS = {"chief": "The following tasks are unhealthy (stopped sending heartbeat
           "worker": "Failed to send RPC to coordination service"}
 
 
-def run(lingering: str, end: str):
-    result = run_module("trainer.launch", "--replicas", "2", "--timeout", "240", "--", "python", str(SCRIPT),
+def run(lingering: str, end: str, *runner: str):
+    result = run_module("trainer.launch", "--replicas", "2", "--timeout", "240", "--", *runner, "python", str(SCRIPT),
                         env=clean_env(LINGERING=lingering, LINGER=LINGER_SECONDS, END=end), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     return result.stdout
@@ -32,5 +33,7 @@ def test_whichever_task_stays_the_orderly_end_logs_no_error(lingering):
     # Each process just exits: the task left behind logs the coordination service's error.
     plain = errors_after_training(run(lingering, "exit"))
     assert any(line.startswith(f"[{lingering}-0] E") and ERRORS[lingering] in line for line in plain), plain
-    # Through trainer.ending: none.
+    # A runtime task's end (trainer.fit.run calls trainer.ending.end): none.
     assert errors_after_training(run(lingering, "orderly")) == []
+    # The same plain script as a level-1 command under trainer.run, whose exit hook orders its end: none.
+    assert errors_after_training(run(lingering, "exit", "python", "-m", "trainer.run", "--")) == []

@@ -60,9 +60,10 @@ def test_the_leader_waits_for_the_last_task_to_go_and_no_longer_than_its_limit()
     assert stubborn == [("c", 1)]
 
 
-def test_the_leaders_limit_is_within_the_heartbeat_grace():
-    """A task gone is found 5 to 10 s after it exits (heartbeats every 5 s, 10 s timeout)."""
-    assert ending.LEADER_WAIT_SECONDS + ending.PROBE_SECONDS < 5
+def test_the_leader_probes_faster_than_the_service_finds_a_task_gone():
+    """The service finds a task gone 5 to 10 s after it exits (heartbeats every 5 s, a 10 s
+    timeout): the leader, seeing it gone within a probe and an interval, leaves well before."""
+    assert ending.PROBE_SECONDS + ending.PROBE_INTERVAL_SECONDS < 5
 
 
 def test_without_a_coordination_service_the_code_is_returned(monkeypatch):
@@ -73,3 +74,21 @@ def test_without_a_coordination_service_the_code_is_returned(monkeypatch):
     assert ending.end(exits.CONFIG, environ) == exits.CONFIG  # an error ends as it would have
     assert ending.end(exits.OK, {}) == exits.OK  # one process
     assert ending.end(exits.OK, {"TF_CONFIG": "not json"}) == exits.OK
+
+
+def test_the_exit_hook_does_nothing_after_a_traceback_or_once_the_runtime_ended(monkeypatch):
+    met = []
+    monkeypatch.setattr(ending, "_coordination_service_running", lambda: True)
+    monkeypatch.setattr(ending, "_meet", lambda tf_config, seconds: met.append(seconds) or True)
+    monkeypatch.setattr(ending, "_state", {"ended": False, "failed": False})
+    environ = {"TF_CONFIG": json.dumps(config(MWMS, "worker"))}
+    ending.at_exit(environ)
+    assert met == [ending.AT_EXIT_BARRIER_SECONDS]
+    seen = []
+    ending.note_failure(lambda *args: seen.append(args))(ValueError, ValueError("x"), None)
+    assert seen and ending._state["failed"]
+    ending.at_exit(environ)
+    assert len(met) == 1
+    monkeypatch.setattr(ending, "_state", {"ended": True, "failed": False})
+    ending.at_exit(environ)
+    assert len(met) == 1
