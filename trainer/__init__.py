@@ -18,7 +18,7 @@ The package, by job:
 |------------------------|-----------------------------------------------------------------------|
 | trainer/process/       | the process wrapper: `trainer.run` and `trainer.launch`, the stderr relay, signals, stops; no TensorFlow |
 | trainer/runtime/       | the Task runtime: `trainer.fit`, its flags, the roles (runtime/roles/) and what they share |
-| trainer/library/       | what any script can use: the loop and `fit_model`, step backups, the input-wait measurement, input sharding, layers |
+| trainer/library/       | what any script can use: the loop and `fit_model`, step backups, the input-wait measurement, input sharding, layers, the orderly end |
 | trainer/checks/        | the image checks: `trainer.selfcheck`, `trainer.gpu_stack`            |
 | trainer/*.py           | what several of them share (tasks, cluster, exits, cli, outputs, precision), and the public names below |
 

@@ -12,4 +12,6 @@ from trainer.runtime.entry import build_parser, command_line, load_task, main, r
 __all__ = ["build_parser", "load_task", "main", "run"]
 
 if __name__ == "__main__":
-    sys.exit(command_line())
+    from trainer.library import ending
+
+    sys.exit(ending.end(command_line()))

@@ -10,6 +10,10 @@ import dataclasses
 from typing import Mapping
 
 DEFAULT_MODEL_DIR = "output/model"
+# The variable trainer.launch gives every task of one launch, so that a job's state tells this
+# launch's run from an earlier one's (trainer/runtime/ownership.py); shared here because the
+# launcher runs no part of the Task runtime.
+LAUNCH_ID = "TRAINER_LAUNCH_ID"
 
 
 @dataclasses.dataclass(frozen=True)

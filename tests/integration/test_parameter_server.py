@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions, trained_model_policies
+from quiet_end import errors_after_training
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
 
@@ -58,6 +59,11 @@ def test_chief_two_workers_ps_and_evaluator_complete(ps_job):
     assert result.returncode == 0, result.stdout[-4000:]
     assert "strategy=parameter_server workers=2 ps=1" in result.stdout
     assert re.search(r"^\[worker-1\] .*serving as worker-1", result.stdout, re.M)
+
+
+def test_a_healthy_job_ends_without_an_error_line_in_any_task(ps_job):
+    result, _ = ps_job
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]
 
 
 def test_model_is_saved_and_loads(ps_job):

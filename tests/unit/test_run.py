@@ -311,3 +311,10 @@ def test_any_other_traceback_is_written_whole_and_in_order():
     # A traceback the stream ends inside (the process was killed) is written out at the end.
     cut = relay.Tracebacks()
     assert feed_all(cut, other[:2]) == other[:2]
+
+
+def test_a_commands_python_gets_the_runtime_then_the_exit_hook_after_its_own_paths():
+    env = command.child_environment({"PYTHONPATH": "/mine"})
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/mine", command.RUNTIME_ROOT, command.EXIT_HOOK]
+    assert os.path.isfile(os.path.join(command.EXIT_HOOK, "sitecustomize.py"))
+    assert sorted(os.listdir(command.EXIT_HOOK)) in (["sitecustomize.py"], ["__pycache__", "sitecustomize.py"])

@@ -18,7 +18,11 @@ called by its path runs COMMAND in the same virtualenv, activated or not. Before
   not set them (trainer.outputs: beside output/model locally, per trial during tuning), so a
   script that reads them, as Vertex AI's documentation asks, works on a JobSet and locally too.
 - The directory holding the runtime's package is appended to PYTHONPATH, so that a script may
-  import `trainer.loop.fit_model` (docs/keras.md) wherever this runner runs it.
+  import `trainer.loop.fit_model` (docs/keras.md) wherever this runner runs it; then
+  trainer/process/exit_hook, whose `sitecustomize` makes the end of COMMAND's Python processes
+  orderly with the job's other tasks when they run MultiWorkerMirroredStrategy
+  (trainer.library.ending.at_exit: no task left behind logs TensorFlow's coordination-service
+  errors), and runs any `sitecustomize` it hides.
 
 While it runs, COMMAND's stderr is read line by line and written at its Cloud Logging severity
 (trainer.process.severity: INFO lines to stdout; JSON entries in a Kubernetes pod), without the
@@ -74,6 +78,8 @@ NOT_FOUND, NOT_EXECUTABLE = 127, 126
 FUSE_ROOT = "/gcs"
 # The directory that holds the `trainer` package.
 RUNTIME_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(trainer.__file__)))
+# A folder of one module, sitecustomize.py, and nothing else that could shadow a script's names.
+EXIT_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_hook")
 
 
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -94,8 +100,9 @@ def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     # wherever trainer.run runs it (the images have it on PYTHONPATH already), and the script's
     # own modules still come first.
     paths = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
-    if RUNTIME_ROOT not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([*paths, RUNTIME_ROOT])
+    # Then the exit hook, whose sitecustomize makes a multi-worker script's end orderly
+    # (trainer.library.ending); a sitecustomize of the script's own, earlier on the path, still wins.
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *(path for path in (RUNTIME_ROOT, EXIT_HOOK) if path not in paths)])
     return env
 
 

@@ -53,9 +53,10 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from typing import Sequence
 
-from trainer import cli, exits
+from trainer import cli, exits, outputs
 from trainer.process import ports, relay, stopping
 
 # Like a Spot VM's notice (about 30 s), shortened: the trainer saves its backup within seconds.
@@ -111,6 +112,7 @@ class Job:
         self.stopped_when_done: set[str] = set()
         self.print_lock = threading.Lock()
         self.readers: list[threading.Thread] = []
+        self.launch_id = uuid.uuid4().hex
 
     def say(self, message: str) -> None:
         with self.print_lock:
@@ -125,6 +127,8 @@ class Job:
         env["TMPDIR"] = os.path.join(scratch, "tmp")
         env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(scratch, "hypertune", "output.metrics")
         env["PYTHONUNBUFFERED"] = "1"
+        # Tells this launch's run from an earlier one's (trainer/runtime/ownership.py).
+        env[outputs.LAUNCH_ID] = self.launch_id
         process = subprocess.Popen(
             self.command,
             env=env,

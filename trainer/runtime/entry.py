@@ -32,6 +32,7 @@ from typing import Sequence
 
 from trainer import cluster as cluster_lib
 from trainer import exits
+from trainer.library import ending
 from trainer.runtime import config as config_lib
 from trainer.runtime import logs, storage
 from trainer.runtime import strategy as strategy_lib
@@ -116,13 +117,24 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
 
     # TensorFlow is imported from here on, once prepare_environment has set what it reads at start-up.
     from trainer.library.backup import BackupMismatch
+    from trainer.runtime import ownership
 
     try:
         # Every task, before anything writes: makedirs under a missing bucket never returns.
         storage.check_buckets([config.model_dir, config.checkpoint_dir, config.tensorboard_dir,
                                *task.input_paths(config.task_flags)])
-        return _run_role(task, config, cluster, strategy_name, name)
-    except (StartupError, DataError, config_lib.ConfigError, storage.StorageError, BackupMismatch) as error:
+        if trains_model(cluster, strategy_name):
+            if cluster.is_chief:
+                check_writable(config.model_dir, config.checkpoint_dir)
+            task.fetch(config.task_flags)  # before the cluster forms: a failure is one line in each task
+        # This job's own place for its state: never another job's backup or checkpoints.
+        config = ownership.settle(config, cluster, type(task).__qualname__, strategy_name, os.environ)
+        code = _run_role(task, config, cluster, strategy_name, name)
+        if code == 0:
+            ownership.finish(config, cluster)
+        return code
+    except (StartupError, DataError, config_lib.ConfigError, storage.StorageError, BackupMismatch,
+            ownership.StateError) as error:
         print(f"{name}: error: {error}", file=sys.stderr)
         return 2
     except Exception as error:
@@ -132,6 +144,14 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
         code, line = verdict
         print(f"{name}: error: {line}", file=sys.stderr)
         return code
+
+
+def trains_model(cluster: cluster_lib.Cluster, strategy_name: str) -> bool:
+    """Whether this process builds the model to train it: every task of a synchronous job, a
+    ParameterServer job's coordinator; not its workers and parameter servers, nor the evaluator."""
+    if cluster.task_type == cluster_lib.EVALUATOR:
+        return False
+    return strategy_name != "parameter_server" or cluster.is_chief
 
 
 def _run_role(task: Task, config: config_lib.TrainConfig, cluster: cluster_lib.Cluster, strategy_name: str,
@@ -149,13 +169,10 @@ def _run_role(task: Task, config: config_lib.TrainConfig, cluster: cluster_lib.C
                 # must be there on this machine too (a task that generates its data makes it here).
                 task.prepare(config.task_flags)
             return parameter_server.serve(cluster)
-        check_writable(config.model_dir, config.checkpoint_dir)
         return parameter_server.train(task, config, cluster, name)
 
     from trainer.runtime.roles import synchronous
 
-    if cluster.is_chief:
-        check_writable(config.model_dir, config.checkpoint_dir)
     return synchronous.train(task, config, cluster, strategy_name, name)
 
 
@@ -188,8 +205,9 @@ def load_task(reference: str) -> Task:
 
 
 def run(task: Task, argv: Sequence[str] | None = None) -> None:
-    """A task module's `__main__`: the task in this process's role; exits with main's code."""
-    sys.exit(main(task, argv))
+    """A task module's `__main__`: the task in this process's role; exits with main's code, in
+    order with the job's other tasks (trainer.library.ending)."""
+    sys.exit(ending.end(main(task, argv)))
 
 
 def command_line() -> int:

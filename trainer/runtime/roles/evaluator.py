@@ -37,23 +37,26 @@ def checkpoint_epoch(path: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def newest_checkpoint(checkpoint_dir: str) -> str | None:
+def newest_checkpoint(checkpoint_dir: str, last_epoch: int | None = None) -> str | None:
     """The newest epoch checkpoint in `checkpoint_dir` (`.../epoch-N`), found by listing the index
     files, which the saver writes after the data files (and which an object store shows whole or
     not at all), not from the `checkpoint` state file tf.train.latest_checkpoint reads: TensorFlow's
     Cloud Storage client keeps a file's size for 5 s (GCS_STAT_CACHE_MAX_AGE), so a state file
     rewritten within them is read cut short ("ParseError ... Checkpoint ignored" on stderr) and the
-    newest epoch is missed until then. Listings are not cached."""
+    newest epoch is missed until then. Listings are not cached. Epochs past `last_epoch`, the
+    job's count, are not this job's and never chosen."""
     prefixes = [path[:-len(".index")] for path in tf.io.gfile.glob(outputs.join(checkpoint_dir, "epoch-*.index"))]
+    prefixes = [path for path in prefixes if last_epoch is None or checkpoint_epoch(path) <= last_epoch]
     return max(prefixes, key=checkpoint_epoch, default=None)
 
 
-def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: float) -> str:
-    """The newest checkpoint past `after_epoch` (newest_checkpoint). One whose index a local disk
-    still holds half-written fails to load, and run() waits for the next poll."""
+def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: float, last_epoch: int | None = None) -> str:
+    """The newest checkpoint past `after_epoch` and at most `last_epoch` (newest_checkpoint). One
+    whose index a local disk still holds half-written fails to load, and run() waits for the next
+    poll."""
     deadline = time.monotonic() + timeout
     while True:
-        latest = newest_checkpoint(checkpoint_dir)
+        latest = newest_checkpoint(checkpoint_dir, last_epoch)
         if latest and checkpoint_epoch(latest) > after_epoch:
             return latest
         if time.monotonic() > deadline:
@@ -85,7 +88,7 @@ def evaluate(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> in
     last_epoch = 0
     while last_epoch < config.epochs:
         try:
-            checkpoint = wait_for_new_checkpoint(config.checkpoint_dir, last_epoch, config.eval_timeout)
+            checkpoint = wait_for_new_checkpoint(config.checkpoint_dir, last_epoch, config.eval_timeout, config.epochs)
         except EvaluatorTimeout as error:
             print(f"{name}: error: evaluator: {error}", file=sys.stderr)
             return 2
