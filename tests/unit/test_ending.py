@@ -93,3 +93,26 @@ def test_the_exit_hook_does_nothing_after_a_traceback_or_once_the_runtime_ended(
     monkeypatch.setattr(ending, "_state", {"ended": True, "failed": False})
     ending.at_exit(environ)
     assert len(met) == 1
+
+
+def test_a_task_that_met_the_others_leaves_at_once_with_its_code(monkeypatch):
+    """Past the barrier the process leaves (os._exit in _leave) with the code it was given, for a
+    done task and for one stopped by the job's vote alike, with the barrier each is given."""
+    met, left = [], []
+    monkeypatch.setattr(ending, "_coordination_service_running", lambda: True)
+    monkeypatch.setattr(ending, "_meet", lambda tf_config, seconds: met.append(seconds) or True)
+    monkeypatch.setattr(ending, "_leave", left.append)
+    environ = {"TF_CONFIG": json.dumps(config(MWMS, "chief"))}
+    assert ending.end(exits.OK, environ) == exits.OK
+    assert ending.end(exits.RETRYABLE, environ) == exits.RETRYABLE
+    assert left == [exits.OK, exits.RETRYABLE]
+    assert met == [ending.BARRIER_SECONDS[exits.OK], ending.BARRIER_SECONDS[exits.RETRYABLE]]
+
+
+def test_a_task_whose_peers_are_gone_ends_as_it_would_have(monkeypatch):
+    left = []
+    monkeypatch.setattr(ending, "_coordination_service_running", lambda: True)
+    monkeypatch.setattr(ending, "_meet", lambda tf_config, seconds: False)
+    monkeypatch.setattr(ending, "_leave", left.append)
+    assert ending.end(exits.OK, {"TF_CONFIG": json.dumps(config(MWMS, "worker"))}) == exits.OK
+    assert left == []
