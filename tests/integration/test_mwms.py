@@ -262,7 +262,7 @@ def test_weights_that_cannot_be_fetched_fail_in_one_line_in_every_task(tmp_path,
     cannot be reached: blocked here on purpose (every https request goes to a proxy port nothing
     listens on; an empty Keras cache). Each fetches before the cluster forms and says so in one
     line naming --weights, exit 2: a configuration error, which no platform retries."""
-    from trainer import launch as launcher, ports
+    from trainer.process import launch as launcher, ports
 
     cluster, tasks = launcher.plan_cluster(2, 0, False, ports.free_ports(2, "localhost"))
     closed = f"http://127.0.0.1:{ports.free_port()}"
