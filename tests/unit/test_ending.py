@@ -100,6 +100,7 @@ def test_a_task_that_met_the_others_leaves_at_once_with_its_code(monkeypatch):
     done task and for one stopped by the job's vote alike, with the barrier each is given."""
     met, left = [], []
     monkeypatch.setattr(ending, "_coordination_service_running", lambda: True)
+    monkeypatch.setattr(ending, "_run_exit_handlers", lambda: None)
     monkeypatch.setattr(ending, "_meet", lambda tf_config, seconds: met.append(seconds) or True)
     monkeypatch.setattr(ending, "_leave", left.append)
     environ = {"TF_CONFIG": json.dumps(config(MWMS, "chief"))}
@@ -112,7 +113,24 @@ def test_a_task_that_met_the_others_leaves_at_once_with_its_code(monkeypatch):
 def test_a_task_whose_peers_are_gone_ends_as_it_would_have(monkeypatch):
     left = []
     monkeypatch.setattr(ending, "_coordination_service_running", lambda: True)
+    monkeypatch.setattr(ending, "_run_exit_handlers", lambda: None)
     monkeypatch.setattr(ending, "_meet", lambda tf_config, seconds: False)
     monkeypatch.setattr(ending, "_leave", left.append)
     assert ending.end(exits.OK, {"TF_CONFIG": json.dumps(config(MWMS, "worker"))}) == exits.OK
     assert left == []
+
+
+def test_the_exit_handlers_run_before_the_barrier_which_os_exit_would_skip(monkeypatch):
+    """TensorFlow's autograph removes its generated files from TMPDIR in an atexit handler: a task
+    that leaves with os._exit runs the handlers itself, before it meets the others."""
+    steps = []
+    monkeypatch.setattr(ending, "_coordination_service_running", lambda: True)
+    monkeypatch.setattr(ending, "_run_exit_handlers", lambda: steps.append("handlers"))
+    monkeypatch.setattr(ending, "_meet", lambda tf_config, seconds: steps.append("barrier") or True)
+    monkeypatch.setattr(ending, "_leave", lambda code: steps.append("leave"))
+    ending.end(exits.OK, {"TF_CONFIG": json.dumps(config(MWMS, "worker"))})
+    assert steps == ["handlers", "barrier", "leave"]
+    steps.clear()
+    ending.end(exits.OK, {})  # one process: the interpreter's own exit runs them
+    assert steps == []
+

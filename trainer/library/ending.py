@@ -33,6 +33,7 @@ TensorFlow's coordination service, so loading it costs a Python process nothing.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -170,10 +171,21 @@ def end(code: int, environ: Mapping[str, str] = os.environ) -> int:
     tf_config = tf_config_of(environ)
     if code not in BARRIER_SECONDS or not tf_config.get("cluster") or not _coordination_service_running():
         return code
+    # What the interpreter would run as it exits, run now: os._exit skips it, and it includes
+    # clean-ups such as the removal of the source files TensorFlow's autograph writes into TMPDIR
+    # (tensorflow/python/autograph/pyct/loader.py, atexit). Before the barrier, where a slow one
+    # only keeps the others waiting, not after it, where the leader has 5 s once the others are gone.
+    _run_exit_handlers()
     if not _meet(tf_config, BARRIER_SECONDS[code]):
         return code
     _leave(code)
     return code  # not reached
+
+
+def _run_exit_handlers() -> None:
+    """Every atexit handler, in the interpreter's order (last registered first), each once: CPython
+    clears them as it runs them, so the interpreter's own exit runs none of them again."""
+    atexit._run_exitfuncs()
 
 
 def at_exit(environ: Mapping[str, str] = os.environ) -> None:
