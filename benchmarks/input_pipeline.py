@@ -35,7 +35,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer import cli, stopping, storage  # noqa: E402
+from trainer import cli  # noqa: E402
+from trainer.process import stopping  # noqa: E402
+from trainer.runtime import storage  # noqa: E402
 
 # What cassava.task sets before TensorFlow starts: the GCS client reads these when TensorFlow
 # loads, so setting them later (say, when the bucket is made) leaves the client on its defaults

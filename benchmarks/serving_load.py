@@ -53,8 +53,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import rounds as rounds_lib  # noqa: E402  (benchmarks/ is on the path)
 from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
-from trainer import cli, stopping  # noqa: E402
-from trainer.ports import free_port  # noqa: E402
+from trainer import cli  # noqa: E402
+from trainer.process import stopping  # noqa: E402
+from trainer.process.ports import free_port  # noqa: E402
 
 # A row (or a ceiling measurement) is flagged when the machine's other processes used more than
 # this share of its CPUs meanwhile: clients and server share the cores, so what a neighbour takes

@@ -228,7 +228,7 @@ def stop(processes: list[subprocess.Popen], signum: int) -> None:
     """`signum` to each process group: SIGKILL for the lab's tasks; SIGTERM for trainer.launch,
     which then stops its tasks at once (they run in sessions of their own, out of reach of a
     signal to the launcher's group)."""
-    from trainer import stopping
+    from trainer.process import stopping
 
     stopping.stop(processes, 60, signum=signum, group=True)
 
@@ -242,7 +242,7 @@ def images_per_epoch(args) -> int:
 def start_lab(args, data_dir: str, weights: str, preprocess: str, epochs: int) -> list[subprocess.Popen]:
     """The lab's job, one process per worker, the chief first (its output on a pipe);
     `preprocess`: "unit" ([0, 1], the codelab's) or "resnet50" (preprocess_input)."""
-    from trainer import launch, ports
+    from trainer.process import launch, ports
 
     cluster, tasks = launch.plan_cluster(args.workers, 0, False, ports.free_ports(args.workers, "localhost"))
     processes = []
@@ -489,7 +489,7 @@ class CpuTrace:
 
 
 FIRST_LOG_LINE = re.compile(r"^\[chief-0\] \d\d:\d\d:\d\d trainer: ")
-# The chief's log lines that end a phase (trainer.precision, trainer.callbacks.EpochLog, trainer.saving).
+# The chief's log lines that end a phase (trainer.precision, trainer.runtime.callbacks.EpochLog, trainer.runtime.saving).
 PHASE_LINES = {
     "precision": re.compile(r"^\[chief-0\] .*trainer: precision: "),
     "begins": re.compile(r"^\[chief-0\] .*trainer: epoch (\d+)/\d+ begins"),
@@ -533,7 +533,7 @@ def follow(processes: list[subprocess.Popen], classify, started: float, epochs: 
 
 def trace_trainer(args, data_root: str, work: str, weights: str, epochs: int) -> dict:
     """One trainer job (every default, fine-tuning) run to its end over `epochs` epochs; phases
-    from its chief's log lines, the steps' span from the epoch's input line (trainer.input_wait)."""
+    from its chief's log lines, the steps' span from the epoch's input line (trainer.library.input_wait)."""
     started = time.monotonic()
     launcher = start_trainer(args, data_root, work, weights, epochs, None)
 
@@ -648,7 +648,7 @@ def phase_rows(phases: dict) -> list[tuple[str, float, float, int]]:
 
 PHASE_SOURCES = {
     "trainer": "the trainer's (every default, fine-tuning), split at the moments its chief's log lines arrived; the "
-               "later epochs' steps over the span the steps measure themselves (trainer.input_wait); epoch-end work "
+               "later epochs' steps over the span the steps measure themselves (the input-wait measurement); epoch-end work "
                "holds its checkpoint and TensorBoard writes",
     "lab": "the lab's with preprocess_input (the lab's own CPU is the same either way), split at the moments its "
            "chief's marks arrived (after the imports, at each epoch's start and its validation's: the steps' span "

@@ -55,7 +55,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer import cli, precision, selfcheck  # noqa: E402
+from trainer import cli, precision  # noqa: E402
+from trainer.checks import selfcheck  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -168,24 +169,31 @@ def tf_keras_trainer_model(policy: str, image_size: int) -> tf_keras.Model:
 
 def trainer_steps(policy: str, jit_compile: bool, image_size: int, steps_per_execution: int, spec):
     """The trainer's own ResNet50 + head under `policy` in Keras 3, compiled as a job compiles it
-    (the cassava task's optimizer, loss and metrics through trainer.plan) and stepped by the
-    runtime's loop (trainer.loop.Steps, with its input-wait measurement) under a one-device
-    strategy, as a single-process job runs."""
+    (the cassava task's optimizer, loss and metrics through trainer.runtime.training) and stepped
+    by the runtime's loop (trainer.loop.Steps, with the input-wait measurement a job gives it)
+    under a one-device strategy, as a single-process job runs."""
     from cassava import model as model_lib
     from cassava.task import CassavaTask
-    from trainer import loop, plan
+    from trainer import loop
+    from trainer.library import input_wait
+    from trainer.runtime import plan, training
 
-    task, strategy = CassavaTask(), tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_physical_devices("GPU")
-                                                                    else "/cpu:0")
+    class WithoutWeights(CassavaTask):
+        def build_model(self, run):
+            return model_lib.build(5, image_size, "none")
+
+    task, strategy = WithoutWeights(), tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_physical_devices("GPU")
+                                                                       else "/cpu:0")
     keras.mixed_precision.set_global_policy(policy)
     try:
         run = plan.make_run(_config(image_size, steps_per_execution, jit_compile), _single(), "one_device",
                             replicas_in_sync=1, num_input_pipelines=1, steps_per_epoch=1000, validation_steps=None,
-                            shuffle_seed=0)
+                            shuffle_seed=0, mixed_precision=policy)
+        model = training.build_model(task, run, strategy)
         with strategy.scope():
-            model = model_lib.build(5, image_size, "none")
-            plan.compile_model(task, run, model)
-        steps = loop.Steps(strategy, model, steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+            waits = input_wait.InputWait(lanes=1)
+        steps = loop.Steps(strategy, model, steps_per_execution=steps_per_execution, jit_compile=jit_compile,
+                           input_wait=waits)
         steps.build(spec)
         return steps
     finally:
@@ -200,7 +208,7 @@ def _single():
 
 def _config(image_size: int, steps_per_execution: int, jit_compile: bool):
     from cassava.task import CassavaTask
-    from trainer import config as config_lib
+    from trainer.runtime import config as config_lib
 
     argv = ["--weights", "none", "--learning-rate", "1e-4", "--image-size", str(image_size),
             "--steps-per-execution", str(steps_per_execution), *(["--jit-compile"] if jit_compile else [])]

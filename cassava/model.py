@@ -8,6 +8,11 @@ float32 would need and caches images at the size the model takes.
 
 from __future__ import annotations
 
+import hashlib
+import re
+import socket
+import time
+
 import keras
 import tensorflow as tf
 
@@ -82,9 +87,93 @@ class RandomCropFlip(keras.layers.Layer):
         return {**super().get_config(), "crop_fraction": self.crop_fraction, "seed": self.seed}
 
 
+# ResNet50's ImageNet weights without the top, as keras.applications fetches them: the same file
+# name, address, cache folder (~/.keras/models, $KERAS_HOME) and md5 (keras/src/applications/resnet.py,
+# Keras 3.15.1; tests/unit/test_weights_fetch.py holds them to Keras' own), so a copy Keras already
+# cached, or one baked into an image there, is used without a download.
+IMAGENET_FILE = "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5"
+IMAGENET_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/" + IMAGENET_FILE
+IMAGENET_MD5 = "4d473c1dd8becc155b73f8504c6f6626"
+CACHE_SUBDIR = "models"
+# A download that stalls this long between two reads fails (urllib waits forever by default: a
+# machine with no route out would hang at the first connect).
+FETCH_TIMEOUT_SECONDS = 60
+# Attempts at a download that failed for a reason that may pass (a 5xx, a 429, a timeout).
+FETCH_ATTEMPTS = 3
+FETCH_BACKOFF_SECONDS = 2.0
+
+
+class WeightsUnavailable(Exception):
+    """--weights cannot be fetched. str() is one line and names the flag."""
+
+
+def transient_fetch_failure(message: str) -> bool:
+    """Whether keras.utils.get_file's failure may pass on a retry: an HTTP 5xx or 429, or a timeout.
+    A refusal (403 from VPC Service Controls, 404), a name that does not resolve or a connection
+    refused will fail the same way again."""
+    code = re.search(r"URL fetch failure on \S+: (\d{3}) --", message)
+    if code:
+        return int(code.group(1)) == 429 or int(code.group(1)) >= 500
+    return "timed out" in message.lower()
+
+
+def fetch_weights(weights: str, architecture: str, sleep=time.sleep) -> str:
+    """`--weights` made a local file this process can load, or "none": `imagenet` downloaded
+    (ResNet50's, into Keras' cache), a gs:// file copied beside it, a local path as it is.
+    Raises WeightsUnavailable with one line."""
+    if weights == "none" or architecture != "resnet50":  # the small architecture takes no weights
+        return weights
+    if weights == "imagenet":
+        return _download_imagenet(sleep)
+    if "://" in weights:
+        return _copy_to_cache(weights)
+    return weights
+
+
+def _download_imagenet(sleep) -> str:
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(FETCH_TIMEOUT_SECONDS)
+    try:
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            try:
+                return keras.utils.get_file(IMAGENET_FILE, IMAGENET_URL, cache_subdir=CACHE_SUBDIR, file_hash=IMAGENET_MD5)
+            except Exception as error:  # get_file raises a bare Exception for a failed fetch
+                reason = " ".join(str(error).split())[:300] or type(error).__name__
+                if attempt < FETCH_ATTEMPTS and transient_fetch_failure(reason):
+                    sleep(FETCH_BACKOFF_SECONDS * attempt)
+                    continue
+                raise WeightsUnavailable(
+                    f"--weights imagenet: cannot fetch ResNet50's ImageNet weights ({reason}); give --weights none "
+                    f"to train from scratch, or --weights FILE, a copy of {IMAGENET_FILE} this job can read (a "
+                    "local path, in the image or a mounted volume, or gs://)") from None
+    finally:
+        socket.setdefaulttimeout(previous)
+    raise AssertionError("unreachable")
+
+
+def _copy_to_cache(weights: str) -> str:
+    """A gs:// (or other remote) weights file copied into Keras' cache: Keras loads .h5 weights
+    from a local file only."""
+    import os
+
+    from keras.src.backend import config as keras_config
+
+    local = os.path.join(os.path.expanduser(keras_config.keras_home()), CACHE_SUBDIR,
+                         hashlib.sha256(weights.encode()).hexdigest()[:16] + "-" + os.path.basename(weights))
+    try:
+        tf.io.gfile.makedirs(os.path.dirname(local))
+        tf.io.gfile.copy(weights, local, overwrite=True)
+    except (tf.errors.OpError, OSError) as error:
+        message = (getattr(error, "message", None) or str(error)).strip().splitlines()[0][:300]
+        raise WeightsUnavailable(f"--weights {weights}: cannot read it ({message}); give --weights none to train "
+                                 "from scratch, or a weights file this job can read") from None
+    return local
+
+
 def build(num_classes: int, image_size: int, weights: str, architecture: str = "resnet50", seed: int = 0,
           batch_norm_momentum: float = BATCH_NORM_MOMENTUM) -> keras.Model:
-    """`weights`: "imagenet", "none" or a path to a ResNet50 (no-top) weights file;
+    """`weights`: "imagenet", "none" or a path to a ResNet50 (no-top) weights file (fetch_weights
+    makes "imagenet" and a gs:// file local first, before the cluster forms);
     `batch_norm_momentum`: ResNet50's (cassava.task's --batch-norm-momentum)."""
     images = keras.Input(shape=(image_size, image_size, 3), dtype="uint8", name="image")
     x = ResNetPreprocess(name="preprocess")(images)

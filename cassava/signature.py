@@ -8,7 +8,7 @@
 
 Both return `probabilities` (float32 [N, classes]), `class_index` (int64 [N]) and `class_name`
 (string [N], from the dataset's class names). The runtime hands the export a float32 model,
-whatever the job trained in (trainer.saving). Written with Keras 3's `ExportArchive`: what it
+whatever the job trained in (trainer.runtime.saving). Written with Keras 3's `ExportArchive`: what it
 saves is a plain TensorFlow SavedModel, which any TensorFlow server loads without Keras.
 """
 

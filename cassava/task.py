@@ -50,6 +50,7 @@ class CassavaTask(Task):
     def __init__(self):
         self.train_split = None
         self.validation_split = None
+        self.weights = None  # --weights as a local file (fetch), where this process trains the model
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         from cassava import spec as sources
@@ -109,6 +110,15 @@ class CassavaTask(Task):
     def input_paths(self, flags: argparse.Namespace) -> list[str]:
         specs = [flags.dataset, flags.eval_dataset]
         return [flags.data_dir, *(spec.value for spec in specs if spec is not None and spec.scheme == "tfrecord")]
+
+    def fetch(self, flags: argparse.Namespace) -> None:
+        """ImageNet's weights downloaded, a gs:// weights file copied, before the cluster forms."""
+        from cassava import model, sources
+
+        try:
+            self.weights = model.fetch_weights(flags.weights, flags.architecture)
+        except model.WeightsUnavailable as error:
+            raise sources.DataError(str(error)) from None
 
     def prepare(self, flags: argparse.Namespace) -> Examples:
         from cassava import sources
@@ -175,7 +185,7 @@ class CassavaTask(Task):
         from cassava import model
 
         # Built to read a checkpoint into or to time it: no pretrained weights to fetch.
-        weights = run.flags.weights if run.trains else "none"
+        weights = (self.weights or run.flags.weights) if run.trains else "none"
         return model.build(self.train_split.num_classes, run.flags.image_size, weights,
                            run.flags.architecture, run.seed, run.flags.batch_norm_momentum)
 
@@ -196,7 +206,7 @@ class CassavaTask(Task):
 
     def export(self, trained, path: str, run: Run) -> None:
         """A SavedModel with the serving signatures cassava.signature writes (the runtime hands
-        over the model in float32, trainer.saving)."""
+        over the model in float32, trainer.runtime.saving)."""
         from cassava import signature
 
         signature.save(trained, path, self.train_split.class_names, run.flags.image_size)

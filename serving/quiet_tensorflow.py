@@ -9,7 +9,7 @@ four errors. The training images leave them out with trainer.run, a parent proce
 job's stderr; the prediction image carries serving/ alone, and on this machine those lines came
 only while TensorFlow was imported, none when a SavedModel was loaded or called. So only that
 import runs with file descriptor 2 on a pipe: a thread copies every line to the real stderr as it
-comes, except the two kinds above (the same text trainer/relay.py matches), and stderr is given
+comes, except the two kinds above (the same text trainer/process/relay.py matches), and stderr is given
 back when the import returns or raises.
 
 What it cannot do: a fatal C++ error during the import (a CHECK, an abort) ends the process with

@@ -198,7 +198,7 @@ def served_predictions(model_dir, count: int = 4) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-# What the trainer's log says about backups and epochs (trainer.preemption, trainer.callbacks).
+# What the trainer's log says about backups and epochs (trainer.library.backup, trainer.runtime.callbacks).
 # In a launcher's output each line starts with [task-name]; task=None reads one process's own.
 def _prefix(task: str | None) -> str:
     return rf"\[{task}\] " if task else ""

@@ -12,8 +12,20 @@ Two ways in (docs/your-own-code.md):
    step backups and the SIGTERM vote, lost-peer exits, chief-only saving, the side-car evaluator,
    the tuning report, profiles and the input-wait line.
 
-The public names, each documented and typed where it is defined; everything else in this
-package may change between releases:
+The package, by job:
+
+| where                  | what                                                                  |
+|------------------------|-----------------------------------------------------------------------|
+| trainer/process/       | the process wrapper: `trainer.run` and `trainer.launch`, the stderr relay, signals, stops; no TensorFlow |
+| trainer/runtime/       | the Task runtime: `trainer.fit`, its flags, the roles (runtime/roles/) and what they share |
+| trainer/library/       | what any script can use: the loop and `fit_model`, step backups, the input-wait measurement, input sharding, layers, the orderly end |
+| trainer/checks/        | the image checks: `trainer.selfcheck`, `trainer.gpu_stack`            |
+| trainer/*.py           | what several of them share (tasks, cluster, exits, cli, outputs, precision), and the public names below |
+
+The public names, each documented and typed; import them from the module named here, whose own
+file is the code or, for fit, loop, layers and inputs, names it from where it lives. The command
+modules run, launch, selfcheck and gpu_stack are the commands' documented paths and hold nothing
+else. Everything else in this package may change between releases:
 
 | module           | names                                                                 |
 |------------------|-----------------------------------------------------------------------|

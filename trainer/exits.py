@@ -1,5 +1,5 @@
-"""The exit-code contract: what each code of `python -m cassava.task` means to the platform that
-decides whether to restart it.
+"""The exit-code contract: what each code of a job's process (a Task under `trainer.fit`, any command
+under `trainer.run`) means to the platform that decides whether to restart it.
 
 | code | meaning                                                    | a restart ...        |
 |------|------------------------------------------------------------|----------------------|

@@ -10,6 +10,10 @@ import dataclasses
 from typing import Mapping
 
 DEFAULT_MODEL_DIR = "output/model"
+# The variable trainer.launch gives every task of one launch, so that a job's state tells this
+# launch's run from an earlier one's (trainer/runtime/ownership.py); shared here because the
+# launcher runs no part of the Task runtime.
+LAUNCH_ID = "TRAINER_LAUNCH_ID"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +96,5 @@ def join(*parts: str) -> str:
 
 
 def backup_dir(checkpoint_dir: str) -> str:
-    """The preemption backup (trainer.preemption), shared by every task of the job."""
+    """The preemption backup (trainer.library.backup), shared by every task of the job."""
     return join(checkpoint_dir, "backup")
-
-
-def checkpoint_pattern(checkpoint_dir: str) -> str:
-    """Per-epoch weights, which the side-car evaluator watches for and a PSS export restores."""
-    return join(checkpoint_dir, "epoch-{epoch:04d}")

@@ -12,7 +12,7 @@ them Keras 3 (`import keras`):
     from trainer import fit
     from trainer.tasks import Run, Task
 
-    class Fares(Task):
+    class MyTask(Task):
         def train_dataset(self, run: Run, context):
             ...  # this input pipeline's share, batched at context.get_per_replica_batch_size(run.global_batch_size)
 
@@ -23,7 +23,7 @@ them Keras 3 (`import keras`):
             return "mse"
 
     if __name__ == "__main__":
-        fit.run(Fares())
+        fit.run(MyTask())
 
 Every method receives the `Run`: the runtime's decisions for this process, plus the task's own
 flags. The runtime calls them in this order, in every process that needs them:
@@ -32,6 +32,7 @@ flags. The runtime calls them in this order, in every process that needs them:
 |----------------------------|----------------|-----------------|------------|-----------|
 | add_arguments              | yes            | yes             | yes        | yes       |
 | input_paths                | yes            | yes             | yes        | yes       |
+| fetch                      | yes            | yes             |            |           |
 | prepare                    | yes            | yes             | yes        | yes       |
 | train_dataset              | yes            | builds the fn   | runs it    |           |
 | validation_dataset         | yes            |                 |            | yes       |
@@ -131,6 +132,12 @@ class Task:
         """Paths the task will read (gs:// or local). Their buckets are checked, with the output
         directories', before anything else runs: a missing bucket is one line and exit 2."""
         return ()
+
+    def fetch(self, flags: argparse.Namespace) -> None:
+        """Downloads what building the model to train needs (pretrained weights), in every process
+        that trains it, before the cluster forms: TensorFlow may be imported, no op may run. A
+        download that fails is `DataError`: one line in each of those processes and exit 2, with no
+        half-formed cluster to report on it."""
 
     def prepare(self, flags: argparse.Namespace) -> Examples | None:
         """Called once per process before any dataset or model: read metadata, generate files the

@@ -26,7 +26,7 @@ from pathlib import Path
 from scripts import modelspec
 from scripts.rehearsal import session as sessions
 from scripts.rehearsal.runner import PREFIX, Container, Outcome, RehearsalError, Run, drive
-from trainer.ports import free_port
+from trainer.process.ports import free_port
 
 # Where Vertex keeps its copy of a Model's artifacts (AIP_STORAGE_URI): a bucket of its own.
 VERTEX_ARTIFACTS_BUCKET = "caip-tenant-local-artifacts"

@@ -26,7 +26,7 @@ from typing import Callable
 
 from scripts.rehearsal import local_gcs
 from scripts.rehearsal.runner import RehearsalError
-from trainer import stopping
+from trainer.process import stopping
 
 # Where gs:// objects of buckets the rehearsal does not hold come from: `{host}` is the Google host
 # the job asked (public objects only, such as Keras' ImageNet weights).

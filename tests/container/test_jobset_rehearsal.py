@@ -12,6 +12,7 @@ import yaml
 
 from containers import SMALL_TRAINING, leftovers, user_env
 from helpers import REPO, run_module, write_image_folder
+from quiet_end import errors_after_training
 from test_vertex_rehearsal import lines
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -57,6 +58,7 @@ def test_a_mwms_jobset_trains_with_each_pod_finding_its_cluster(engine, cpu_imag
                                "\n".join(lines(result.stdout, pod))) for pod in roles}
     assert len(set(map(tuple, weights.values()))) == 1 and len(weights[f"{name}-chief-0-0"]) == 1, weights
     assert lines(result.stdout, "local-run", "INFO")[-1].endswith("succeeded (successPolicy met)"), result.stdout[-2000:]
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]  # a quiet end (trainer.library.ending)
     assert leftovers(engine) == []
 
 
@@ -101,6 +103,7 @@ def test_a_pss_jobset_with_its_evaluator_trains_and_evaluates(engine, cpu_image,
     evaluator = "\n".join(lines(result.stdout, f"{name}-evaluator-0-0"))
     assert "role: evaluator" in evaluator, evaluator[-3000:]
     assert "val_accuracy" in evaluator or "accuracy=" in evaluator, evaluator[-3000:]
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]
     assert leftovers(engine) == []
 
 

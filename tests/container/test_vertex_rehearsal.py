@@ -20,6 +20,7 @@ import pytest
 
 from containers import SMALL_TRAINING, leftovers, user_env
 from helpers import REPO, backups_reported, resumed_at, run_module, run_processes, write_image_folder
+from quiet_end import errors_after_training
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 # Each replica makes its own synthetic data on its own disk, as it would on its own VM.
@@ -95,6 +96,7 @@ def test_mwms_job_from_a_dry_run_spec_reads_from_gcs_files_and_writes_to_the_buc
     errors = [line for r in ("workerpool0-0", "workerpool1-0", "workerpool1-1")
               for line in lines(result.stdout, r, "ERROR")]
     assert not [line for line in errors if "trainer: epoch" in line or "trainer: role" in line], errors
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]  # a quiet end (trainer.library.ending)
     assert summary(result.stdout)["workerpool0-0"] == ([0], 0)
     assert set(summary(result.stdout)) == {"workerpool0-0", "workerpool1-0", "workerpool1-1"}
     assert lines(result.stdout, "local-run", "INFO")[-1].startswith("JOB_STATE_SUCCEEDED")
@@ -114,6 +116,7 @@ def test_parameter_server_job_with_an_evaluator(engine, cpu_image, tmp_path):
     assert (kept / "model" / "saved_model.pb").exists() and (kept / "checkpoints" / "epoch-2.index").exists()
     assert any("role: evaluator" in line for line in lines(result.stdout, "workerpool3-0", "INFO")), result.stdout[-4000:]
     assert any("role: ps-0" in line for line in lines(result.stdout, "workerpool2-0", "INFO"))
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]
     assert leftovers(engine) == []
 
 
@@ -133,7 +136,9 @@ def test_a_preempted_worker_restarts_the_job_which_resumes_from_its_backup(engin
     assert backups_reported(before, task=None), before[-3000:]
     assert resumed_at(chief, task=None) == backups_reported(before, task=None)[-1]
     assert resumed_at(chief, task=None)[0] >= 2
+    assert "another job" not in chief  # the restart found its own state (trainer.runtime.ownership)
     assert "epoch 3/3 ends" in after
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]
     assert (tmp_path / "kept" / "vx-spot" / "job" / "model" / "saved_model.pb").exists()
     rows = summary(result.stdout)
     assert rows["workerpool1-0"][1] == 1 and rows["workerpool0-0"][1] == 1, rows

@@ -1,5 +1,5 @@
 """The export is the task's model built again in float32 with the final checkpoint's weights,
-whatever policy the job trained in (trainer.saving)."""
+whatever policy the job trained in (trainer.runtime.saving)."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,8 @@ import keras
 import tensorflow as tf
 
 from cassava import model as model_lib
-from trainer import precision, saving
+from trainer import precision
+from trainer.runtime import saving
 from trainer.tasks import Run, Task
 
 SIZE, CLASSES = 32, 5
@@ -40,7 +41,7 @@ def pixels(batch=4, seed=0):
 @pytest.fixture
 def trained_in(request, tmp_path):
     """A model built and briefly trained under request.param's policy, which stays global, and
-    the checkpoint of its weights (as trainer.callbacks.EpochCheckpoints writes it)."""
+    the checkpoint of its weights (as trainer.runtime.callbacks.EpochCheckpoints writes it)."""
     keras.mixed_precision.set_global_policy(request.param)
     try:
         model = SmallCassava().build_model(RUN)

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from trainer import gpu_stack
+from trainer.checks import gpu_stack
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build test libraries")
 

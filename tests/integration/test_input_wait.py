@@ -1,4 +1,4 @@
-"""The input-bound signal (trainer.input_wait): after each epoch the chief says what share of the
+"""The input-bound signal (trainer.library.input_wait): after each epoch the chief says what share of the
 training time the steps waited for their batches, and whether that makes the job input-bound.
 
 Real jobs through trainer.launch, MultiWorkerMirrored and ParameterServer:
@@ -87,7 +87,7 @@ def assert_verdicts(output: str, epochs: int, input_bound: bool) -> None:
     lines = input_lines(output)
     assert [epoch for epoch, *_ in lines] == list(range(1, epochs + 1)), output[-3000:]
     for epoch, waited, trained, percent, verdict in lines:
-        # A wait is part of the step it delays (trainer.input_wait), whatever the load: never more.
+        # A wait is part of the step it delays (trainer.library.input_wait), whatever the load: never more.
         assert 0 <= waited <= trained and 0 <= percent <= 100
         assert verdict == ("input-bound" if input_bound else "not input-bound"), lines
     # Only the chief says it, once per epoch, after the epoch's metrics.

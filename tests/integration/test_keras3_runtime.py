@@ -1,7 +1,8 @@
 """What the Keras 3 runtime refuses, and what its loop guarantees, in real processes: a legacy
 tf_keras Task or a model with its own train_step is one line and exit 2; float16 trains with
 loss scaling across two workers; a synchronous step's wait for input is never longer than the
-step, and the step's time holds its update."""
+step, the step's time holds its update, and a regularized loss is the same on
+any number of replicas."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ import json
 import tensorflow as tf
 tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                            [tf.config.LogicalDeviceConfiguration()] * 2)
-from trainer import input_wait
+from trainer.library import input_wait
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
     wait = input_wait.InputWait(lanes=2)
@@ -83,7 +84,8 @@ def step(waited, stepped):
     strategy.run(replica)
 
 step(tf.constant([0.8, 0.1]), tf.constant([1.0, 0.5]))
-print(json.dumps(wait.results(strategy)))
+waits = wait.results(strategy)
+print(json.dumps({"waited": waits.waited, "stepped": waits.stepped, "share": waits.share}))
 """
 
 
@@ -94,8 +96,8 @@ def test_a_synchronous_steps_wait_is_its_slowest_replicas_and_never_longer_than_
                             timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(result.stdout.strip().splitlines()[-1])
-    assert results["input_wait_seconds"] == pytest.approx(0.65) and results["input_step_seconds"] == pytest.approx(0.75)
-    assert results["input_wait"] == pytest.approx(0.65 / 0.75)
+    assert results["waited"] == pytest.approx(0.65) and results["stepped"] == pytest.approx(0.75)
+    assert results["share"] == pytest.approx(0.65 / 0.75)
 
 
 _SLOW_UPDATE = """
@@ -106,6 +108,7 @@ tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU"
                                            [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras
 from trainer import loop
+from trainer.library import input_wait
 
 SLEEP = float(__import__("sys").argv[1])
 
@@ -124,12 +127,14 @@ with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer=SlowSGD(0.1), loss="mse")
 dataset = tf.data.Dataset.from_tensors((tf.ones([2, 4]), tf.zeros([2, 2]))).repeat()
-steps = loop.Steps(strategy, model)
+with strategy.scope():
+    waits = input_wait.InputWait(lanes=2)
+steps = loop.Steps(strategy, model, input_wait=waits)
 steps.build(dataset.element_spec)
 iterator = iter(strategy.distribute_datasets_from_function(lambda context: dataset))
-for _ in range(4):  # the first call is not counted (trainer.loop)
+for _ in range(4):  # the first call is not counted (trainer/library/loop.py)
     steps.train(iterator, 1)
-print(json.dumps(steps.input_wait.results(strategy)))
+print(json.dumps({"stepped": waits.results(strategy).stepped}))
 """
 
 
@@ -142,4 +147,42 @@ def test_a_steps_time_holds_its_update_after_the_all_reduce():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(result.stdout.strip().splitlines()[-1])
-    assert results["input_step_seconds"] >= 3 * sleep, results
+    assert results["stepped"] >= 3 * sleep, results
+
+
+_REGULARIZED = """
+import json
+import tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from trainer import loop
+
+x = tf.reshape(tf.range(16, dtype=tf.float32), (4, 4)) / 16.0
+y = tf.ones((4, 1))
+losses = {}
+for name, strategy in (("one", tf.distribute.OneDeviceStrategy("/cpu:0")),
+                       ("two", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+            1, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L2(0.5))])
+        model.compile(optimizer="sgd", loss="mse")
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()  # the same global batch of 4 each time
+    steps = loop.Steps(strategy, model)
+    steps.build(dataset.element_spec)
+    steps.test(iter(strategy.experimental_distribute_dataset(dataset)), 1)
+    losses[name] = steps.results()["loss"]
+print(json.dumps(losses))
+"""
+
+
+def test_a_regularized_loss_is_the_same_on_two_replicas_as_on_one():
+    """The loss of one global batch, regularization included, whether one replica or two compute
+    it: Keras 3.15 divides the compiled loss and `model.losses` alike by the replicas in sync, and
+    the loop lets it (correcting `model.losses` again would drop them on two replicas)."""
+    result = subprocess.run([sys.executable, "-c", _REGULARIZED], cwd=REPO, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = json.loads(result.stdout.strip().splitlines()[-1])
+    kernel_penalty = 0.5 * 4  # L2(0.5) over four weights of 1
+    assert losses["one"] > kernel_penalty and losses["two"] == pytest.approx(losses["one"], rel=1e-5), losses

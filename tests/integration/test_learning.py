@@ -48,7 +48,7 @@ TASK = ["--architecture", "small", "--weights", "none", "--image-size", "64", "-
 
 
 def final_val_accuracy(output: str, task: str | None = "chief-0") -> float:
-    """The chief's last logged val_accuracy (trainer.callbacks.EpochLog)."""
+    """The chief's last logged val_accuracy (trainer.runtime.callbacks.EpochLog)."""
     prefix = rf"\[{task}\] " if task else ""
     found = re.findall(rf"^{prefix}.*trainer: epoch \d+/\d+ ends: .*\bval_accuracy=(\d\.\d+)", output, re.M)
     assert found, output[-3000:]

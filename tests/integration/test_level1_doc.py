@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from helpers import REPO
+from quiet_end import errors_after_training
 
 PAGE = REPO / "docs" / "your-own-code.md"
 MARKER = "<!-- tested as written: tests/integration/test_level1_doc.py -->"
@@ -60,6 +61,8 @@ def test_the_page_runs_the_example_on_one_and_two_replicas_and_serves_its_export
     assert epochs == [("chief-0", "2"), ("chief-0", "2")], together.stdout[-3000:]
     assert "[chief-0] saved to output/model" in together.stdout.splitlines()
     assert not re.search(r"^\[launch\] --workers", together.stdout, re.M)  # the page says --replicas
+    # Both left together after their collective save: no task logged an error once training had ended.
+    assert errors_after_training(together.stdout) == [], together.stdout[-3000:]
     # The export, served: y = 1 + x . (1, -2, 3, 0.5) for the two instances of the example's file.
     rows = [line.split("\t") for line in predicted.stdout.splitlines()]
     assert [source for source, _ in rows] == ["examples/level1/instances.jsonl:1", "examples/level1/instances.jsonl:2"]

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import (REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module,
                      saved_model_op_dtypes, served_predictions, train_graph_op_dtypes)
+from quiet_end import errors_after_training
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
 
@@ -110,6 +111,12 @@ def test_both_workers_end_with_the_same_weights(two_worker_run):
     assert len(fingerprints["chief-0"]) == 1 and fingerprints["chief-0"] == fingerprints["worker-0"], fingerprints
 
 
+def test_a_healthy_job_ends_without_an_error_line_in_any_task(two_worker_run):
+    """Whichever task leaves first, no task logs a coordination-service error (trainer.library.ending)."""
+    result, *_ = two_worker_run
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]
+
+
 def test_only_the_chief_saves_and_no_worker_scratch_is_left(two_worker_run):
     result, work, out, _ = two_worker_run
     assert re.search(r"^\[chief-0\] .*saved model to .*/out/model \(from .*/checkpoints/epoch-2\)$", result.stdout, re.M)
@@ -126,7 +133,10 @@ def test_the_chief_records_the_run_beside_the_model(two_worker_run):
     record = json.loads((out / "model" / "run.json").read_text())
     assert record["strategy"] == "multi_worker_mirrored" and record["replicas_in_sync"] == 2
     assert record["precision"] == "mixed_bfloat16" and record["task_flags"]["architecture"] == "small"
-    assert [sorted(epoch) for epoch in record["epochs"]][0][:2] == ["accuracy", "input_step_seconds"]
+    # Each epoch's metrics, and apart from them its time and input wait.
+    first = record["epochs"][0]
+    assert sorted(first) == ["input_wait", "metrics", "seconds"] and sorted(first["metrics"])[:2] == ["accuracy", "loss"]
+    assert 0 <= first["input_wait"]["share"] <= 1 and first["input_wait"]["step_seconds"] <= first["seconds"]
     import keras
     import tensorflow as tf
 
@@ -181,6 +191,17 @@ def test_killed_job_resumes_at_the_step_of_its_last_backup(tmp_path, data_root):
     assert newest[0] == 2 and newest[1] >= 30
     assert not (tmp_path / "out" / "model" / "saved_model.pb").exists()
 
+    # Meanwhile another job (other flags: 10 steps an epoch) is pointed at the same directories:
+    # it trains from scratch in a place of its own and leaves the stopped job's backup as it was.
+    backup = tmp_path / "out" / "checkpoints" / "backup"
+    stopped = {path.name: path.stat().st_mtime_ns for path in backup.iterdir()}
+    other = rerun([arg if arg != "150" else "10" for arg in args])
+    assert re.search(r"^\[chief-0\] .*trainer: checkpoints: .*/out/checkpoints holds the state of another job "
+                     r"\(--steps-per-epoch 150\); this job \(--steps-per-epoch 10\) keeps its own in .*/out/checkpoints/jobs/\w+$",
+                     other.stdout, re.M), other.stdout[-3000:]
+    assert resumed_at(other.stdout) is None and resumed_at(other.stdout, "worker-0") is None
+    assert {path.name: path.stat().st_mtime_ns for path in backup.iterdir()} == stopped
+
     second = rerun(args)
     epoch, step = resumed_at(second.stdout)
     assert epoch == 2 and step >= newest[1], (newest, second.stdout[-2000:])  # never earlier than the newest backup
@@ -234,3 +255,30 @@ def test_a_failing_task_stops_the_job(tmp_path, data_root):
     assert result.returncode == 2
     assert re.search(r"^\[chief-0\] cassava.task: error: cannot write to .*blocked/model", result.stdout, re.M)
     assert "chief-0 failed with exit code 2: stopping every task" in result.stdout
+
+
+def test_weights_that_cannot_be_fetched_fail_in_one_line_in_every_task(tmp_path, data_root):
+    """Two replicas, each a process of its own as on two machines, where storage.googleapis.com
+    cannot be reached: blocked here on purpose (every https request goes to a proxy port nothing
+    listens on; an empty Keras cache). Each fetches before the cluster forms and says so in one
+    line naming --weights, exit 2: a configuration error, which no platform retries."""
+    from trainer.process import launch as launcher, ports
+
+    cluster, tasks = launcher.plan_cluster(2, 0, False, ports.free_ports(2, "localhost"))
+    closed = f"http://127.0.0.1:{ports.free_port()}"
+    env = clean_env(https_proxy=closed, HTTPS_PROXY=closed, no_proxy="localhost,127.0.0.1", NO_PROXY="localhost,127.0.0.1",
+                    KERAS_HOME=str(tmp_path / "keras"))
+    # Through trainer.run, as in the images: stderr is then the task's problems alone, without the
+    # lines TensorFlow prints as it loads on some CPUs (trainer/relay.py).
+    processes = [subprocess.Popen([sys.executable, "-m", "trainer.run", "--", "python", "-m", "cassava.task", "--data-dir", str(data_root), "--dataset",
+                                   "synthetic:64", "--epochs", "1", "--model-dir", str(tmp_path / "out" / "model")],
+                                  cwd=REPO, env={**env, "TF_CONFIG": launcher.tf_config(cluster, task)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for task in tasks]
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 2, out[-2000:] + err[-3000:]
+        assert re.fullmatch(r"cassava\.task: error: --weights imagenet: cannot fetch ResNet50's ImageNet weights \(.*"
+                            r"Connection refused.*\); give --weights none to train from scratch, or --weights FILE, .*\n",
+                            err), err[-3000:]
+    assert not list((tmp_path / "keras").rglob("*.h5"))
+

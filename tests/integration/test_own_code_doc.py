@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from helpers import REPO, clean_env
+from quiet_end import errors_after_training
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,8 @@ def test_the_page_holds_a_script_and_two_commands():
 def test_the_worked_example_trains_as_written(tmp_path):
     script, commands = worked_example()
     (tmp_path / "linefit.py").write_text(script)
-    outputs = []
+    outputs, shared = [], tmp_path / "checkpoints"  # both jobs' default: beside their model dirs
+    mwms_files = {}
     for command in commands:
         words = shlex.split(command.replace("/tmp/linefit", str(tmp_path)))
         assignments = dict(word.split("=", 1) for word in words if re.match(r"^[A-Z_]+=", word))
@@ -46,6 +48,7 @@ def test_the_worked_example_trains_as_written(tmp_path):
                                 timeout=600)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
         outputs.append(result.stdout)
+        mwms_files = mwms_files or {path.name: path.read_bytes() for path in shared.iterdir() if path.is_file()}
     mwms, pss = outputs
     # Both learned the line: the chief's last epoch is far below the first (y has variance ~15).
     for output in outputs:
@@ -60,6 +63,19 @@ def test_the_worked_example_trains_as_written(tmp_path):
         assert (tmp_path / model / "saved_model.pb").is_file()
     # The chief alone reported to tuning (trainer.launch gives each task its own metrics file).
     assert "mean_absolute_error" in mwms and "hypertune: no metric" not in mwms + pss
+    # One parent directory: the PSS job found the MWMS job's checkpoints and kept its own apart,
+    # and its evaluator evaluated only the PSS job's, once its chief had trained them.
+    own = re.search(rf"^\[chief-0\] .*trainer: checkpoints: {shared} holds the state of another job \(.*--model-dir "
+                    rf"{tmp_path}/mwms\); this job \(.*--model-dir {tmp_path}/pss\) keeps its own in ({shared}/jobs/\w+)$",
+                    pss, re.M)
+    assert own, pss[-3000:]
+    assert {path.name: path.read_bytes() for path in shared.iterdir() if path.is_file()} == mwms_files
+    assert {"epoch-3.index", "job.json"} <= set(mwms_files)
+    assert re.search(rf"^\[evaluator-0\] .*evaluator: watching {own.group(1)} for epochs up to 3$", pss, re.M), pss[-3000:]
+    assert pss.index("trainer: epoch 1/3 ends") < pss.index("evaluator: epoch "), pss[-3000:]
+    # Whichever task left first, no task logged an error once training had ended (trainer.library.ending).
+    for output in outputs:
+        assert errors_after_training(output) == [], output[-4000:]
 
 
 def test_the_task_lists_its_flags_with_the_runtimes(tmp_path):

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions, trained_model_policies
+from quiet_end import errors_after_training
 
 SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
 
@@ -58,6 +59,11 @@ def test_chief_two_workers_ps_and_evaluator_complete(ps_job):
     assert result.returncode == 0, result.stdout[-4000:]
     assert "strategy=parameter_server workers=2 ps=1" in result.stdout
     assert re.search(r"^\[worker-1\] .*serving as worker-1", result.stdout, re.M)
+
+
+def test_a_healthy_job_ends_without_an_error_line_in_any_task(ps_job):
+    result, _ = ps_job
+    assert errors_after_training(result.stdout) == [], result.stdout[-4000:]
 
 
 def test_model_is_saved_and_loads(ps_job):
@@ -203,7 +209,8 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
     import keras, portpicker, tensorflow as tf
     from cassava import data, model as model_lib
-    from trainer import loop, strategy as strategy_lib
+    from trainer import loop
+    from trainer.runtime import strategy as strategy_lib
     from trainer.cluster import resolve
 
     workers, ps = 2, 2
@@ -234,7 +241,7 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     with strategy.scope():
         model = model_lib.build(5, 32, "none", "small")
         model.compile(optimizer=model_lib.optimizer(1e-3), loss=model_lib.LOSS, metrics=model_lib.metrics())
-    steps = loop.Steps(strategy, model, steps_per_execution=2, coordinator=coordinator, input_lanes=workers)
+    steps = loop.Steps(strategy, model, steps_per_execution=2, coordinator=coordinator)
     steps.build(specs[0])
     print("devices:", json.dumps(sorted({v.value.device.split("/device")[0] for v in model.weights})))
     counted = []
@@ -245,14 +252,14 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
 
     original_results = steps.results
 
-    def results(prefix=""):
+    def results():
         steps.wait()
         tracker = next(m for m in model.metrics if m.name == "loss")
         counted.append(float(tracker.count.numpy()))
-        return original_results(prefix)
+        return original_results()
 
     steps.results = results
-    history = loop.fit(steps, iter(per_worker), epochs=2, steps_per_epoch=10, events=Count())
+    history = loop.fit(steps, iter(per_worker), epochs=2, steps_per_epoch=10, callbacks=[Count()])
     print("losses:", json.dumps([round(logs["loss"], 4) for logs in history]))
     print("counted:", json.dumps(counted))
 """)

@@ -340,9 +340,9 @@ for _ in range(3):
 
 
 def test_the_generator_dataset_warning_comes_from_tf_distribute_not_our_pipeline(eight_files):
-    """Why trainer/relay.py may drop it: iterated alone our pipeline prints nothing; the one line
+    """Why trainer/process/relay.py may drop it: iterated alone our pipeline prints nothing; the one line
     appears once tf.distribute's per-device prefetch wraps it, even in one process."""
-    from trainer import relay
+    from trainer.process import relay
 
     split, _ = eight_files
     printed = {}

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, clean_env, run_module
-from trainer.ports import free_port
+from trainer.process.ports import free_port
 
 FARES = REPO / "examples" / "fares"
 

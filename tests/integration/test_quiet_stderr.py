@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from helpers import REPO, assert_bad_data_stop_said, clean_env, run_module
-from trainer.ports import free_ports
+from trainer.process.ports import free_ports
 
 HEALTHY_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--image-size", "32", "--architecture", "small",
                "--weights", "none", "--per-replica-batch-size", "4"]

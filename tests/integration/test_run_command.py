@@ -1,6 +1,6 @@
 """trainer.run around real processes: a plain MultiWorkerMirrored script (tests/fixtures/autopackaging,
 which knows nothing of this project) trained by two processes whose cluster is described as a
-platform describes it; signals, crashes and exit codes; and trainer.stopping."""
+platform describes it; signals, crashes and exit codes; and trainer.process.stopping."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, clean_env, run_module
-from trainer import ports, stopping
+from trainer.process import ports, stopping
 
 SCRIPT = REPO / "tests" / "fixtures" / "autopackaging" / "task.py"
 REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"

@@ -52,8 +52,8 @@ def validation_pipeline_images(encoded: list[bytes], image_size: int, directory)
 
 def trained_keras_model(model_dir) -> "tf.keras.Model":
     """The job's model as Keras computes it: cassava's model built in float32 with the job's final
-    weights (its last epoch's checkpoint, as trainer.saving wrote it)."""
-    from trainer import saving
+    weights (its last epoch's checkpoint, as trainer.runtime.saving wrote it)."""
+    from trainer.runtime import saving
 
     model = model_lib.build(len(synthetic.CLASS_NAMES), 48, "none", "small")
     saving.weights_checkpoint(model).read(tf.train.latest_checkpoint(str(model_dir.parent / "checkpoints"))).expect_partial()

@@ -1,8 +1,8 @@
-"""trainer.backup's arithmetic: where a run resumes, and how often auto backs up."""
+"""trainer.library.backup's arithmetic: where a run resumes, and how often auto backs up."""
 
 import pytest
 
-from trainer import backup
+from trainer.library import backup
 
 
 @pytest.mark.parametrize("done, resume", [(0, (1, 0)), (49, (1, 49)), (150, (2, 0)), (151, (2, 1)), (449, (3, 149))])

@@ -203,14 +203,14 @@ def test_cli_bad_input_exits_2_with_one_line_and_no_traceback(cli_environment):
 
 
 def test_workers_on_other_machines_are_told_apart_from_local_ones():
-    from trainer import train_ps
+    from trainer.runtime.roles import parameter_server
 
     def cluster_with(workers):
         return resolve({"TF_CONFIG": json.dumps({"cluster": {"chief": ["localhost:1"], "worker": workers, "ps": ["localhost:3"]},
                                                  "task": {"type": "chief", "index": 0}})})
 
-    assert train_ps.remote_workers(cluster_with(["localhost:2", "127.0.0.1:4"])) == []
-    assert train_ps.remote_workers(cluster_with(["localhost:2", "workerpool1-1:2222"])) == ["workerpool1-1:2222"]
+    assert parameter_server.remote_workers(cluster_with(["localhost:2", "127.0.0.1:4"])) == []
+    assert parameter_server.remote_workers(cluster_with(["localhost:2", "workerpool1-1:2222"])) == ["workerpool1-1:2222"]
 
 
 # --- JobSet: the cluster from what Kubernetes gives each pod -----------------------------------
@@ -403,7 +403,7 @@ def test_reducers_in_pool_2_are_not_parameter_servers(variable, cluster, task, j
     # MultiWorkerMirrored must not wait for the reducers: they run no TensorFlow server.
     assert resolved.tf_config == {"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"]},
                                   "task": {"type": "worker", "index": 1}}
-    from trainer import strategy
+    from trainer.runtime import strategy
 
     assert strategy.choose("auto", resolved) == "multi_worker_mirrored"
 
@@ -450,7 +450,7 @@ def test_cli_on_a_reducer_jobs_worker_prints_num_ps_0(cli_environment):
 
 
 def test_parameter_server_strategy_on_a_reducer_job_is_one_line():
-    from trainer import config
+    from trainer.runtime import config
 
     cluster = resolve(env("TF_CONFIG", {"cluster": REDUCER_TF_CONFIG, "task": {"type": "chief", "index": 0},
                                         "job": vertex_job(REDUCER_IMAGE)}))

@@ -384,7 +384,7 @@ def check_module(command: Command) -> None:
     if module == "cassava.task":
         assert not (error := trainer_args_error(argv)), f"{command}: {error}"
     elif module == "trainer.launch":
-        from trainer import launch
+        from trainer.process import launch
 
         own, task_command = split_at_dashes(argv)
         assert not (error := run_parser(launch.build_parser().parse_args, own)), f"{command}: {error}"
@@ -403,10 +403,10 @@ def check_task_command(command: Command, words: list[str]) -> None:
     project's own scripts must declare the flags), or either under `python -m trainer.run --`."""
     assert words[:1] == ["python"], f"{command}: tasks run {words[:1]}, not python"
     if words[1:3] == ["-m", "trainer.run"]:
-        from trainer import run
+        from trainer.process import command
 
         own, inner = split_at_dashes(words[3:])
-        assert not (error := run_parser(run.build_parser().parse_args, own)), f"{command}: {error}"
+        assert not (error := run_parser(command.build_parser().parse_args, own)), f"{command}: {error}"
         assert inner, f"{command}: trainer.run runs no command"
         return check_task_command(command, inner)
     if words[1:3] == ["-m", "cassava.task"]:
@@ -551,6 +551,44 @@ def test_every_scripts_path_a_page_names_exists(page):
     """In prose too, not only in commands: a moved script leaves no stale path behind."""
     missing = sorted({m.group(1) for m in SCRIPT_PATH.finditer(page.read_text()) if not (REPO / m.group(1)).exists()})
     assert not missing, f"{page.name} names {missing}, which do not exist"
+
+
+# --- the runtime's commands ------------------------------------------------------------------------
+
+# `python -m trainer.X` as a shell line writes it, and as an exec-form list does ("-m", "trainer.X").
+TRAINER_MODULE = re.compile(r"""-m["',\s]+(trainer(?:\.\w+)+)""")
+COMMAND_SOURCES = ["trainer/__init__.py", "Dockerfile.cpu", "Dockerfile.gpu", "images/*/Dockerfile", "images/*/structure.yaml",
+               "examples/*/Dockerfile", "scripts/**/*.py", "scripts/**/*.sh"]
+
+
+def trainer_commands() -> dict[str, set[str]]:
+    """Every `python -m trainer.X` the pages (commands and prose), the public names' table, the
+    images, their structure tests and the scripts give -> where each is given."""
+    found: dict[str, set[str]] = {}
+    for path in [*PAGES, *(path for pattern in COMMAND_SOURCES for path in REPO.glob(pattern))]:
+        for module in TRAINER_MODULE.findall(path.read_text()):
+            found.setdefault(module, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+TRAINER_COMMANDS = trainer_commands()
+
+
+def test_the_pages_and_images_give_the_runtimes_commands():
+    # Guards the reading above: these are the commands the images and docs promise.
+    assert {"trainer.run", "trainer.launch", "trainer.selfcheck", "trainer.gpu_stack", "trainer.cluster",
+            "trainer.fit"} <= set(TRAINER_COMMANDS), sorted(TRAINER_COMMANDS)
+
+
+@pytest.mark.parametrize("module", sorted(TRAINER_COMMANDS))
+def test_every_runtime_command_given_is_a_module_that_runs_as_a_command(module):
+    """`python -m trainer.X` runs the module's `if __name__ == "__main__":` block: a module moved
+    away, or left at the path without that block, would run nothing and exit 0."""
+    path = REPO / Path(*module.split(".")).with_suffix(".py")
+    assert path.is_file(), f"python -m {module} (in {sorted(TRAINER_COMMANDS[module])}): no {path.relative_to(REPO)}"
+    runs = [node for node in ast.parse(path.read_text()).body if isinstance(node, ast.If)
+            and re.fullmatch(r"__name__ == ['\"]__main__['\"]", ast.unparse(node.test))]
+    assert runs, f"python -m {module} (in {sorted(TRAINER_COMMANDS[module])}): {path.relative_to(REPO)} runs nothing"
 
 
 # --- kubectl lines -----------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from trainer import gpu_stack
-from trainer.gpu_stack import Found, Stack, Tool
+from trainer.checks import gpu_stack
+from trainer.checks.gpu_stack import Found, Stack, Tool
 
 GOOD_VERSIONS = {"cudart": (12, 9), "cublas": (12, 9, 1), "cublasLt": (12, 9, 1), "cudnn": (9, 24, 0),
                  "cufft": (11, 4, 1), "cusparse": (12, 5, 10), "cusolver": (11, 7, 5), "cupti": (28,),
@@ -100,7 +100,7 @@ def reducer_cluster(reducers):
 def test_mwms_all_reduces_over_nccl_only_when_reducers_and_gpus_are_there():
     import logging
 
-    from trainer import strategy
+    from trainer.runtime import strategy
 
     assert strategy.collective_implementation(reducer_cluster(0), 8, None)[0] == "AUTO"
     implementation, why, level = strategy.collective_implementation(reducer_cluster(4), 0, None)

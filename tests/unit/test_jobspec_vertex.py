@@ -92,7 +92,7 @@ def test_self_check_is_one_replica_of_the_chief_machine_running_selfcheck():
 
 
 def test_self_check_args_are_flags_the_selfcheck_accepts():
-    from trainer import selfcheck
+    from trainer.checks import selfcheck
 
     with pytest.raises(SystemExit) as exit_info:
         selfcheck.main(["--help"])
@@ -382,7 +382,7 @@ def test_every_replica_of_a_reducer_job_is_told_what_vertex_tells_it(target):
             cluster = resolve({variable: environment[variable]})
             assert (cluster.num_ps, cluster.num_reducers, cluster.num_workers) == (0, 4, 4)
             assert set(cluster.tf_config["cluster"]) == {"chief", "worker"}
-            from trainer import strategy
+            from trainer.runtime import strategy
 
             assert strategy.choose("auto", cluster) == "multi_worker_mirrored"
     for environment in reducers:

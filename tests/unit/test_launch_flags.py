@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer import launch
+from trainer.process import launch
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -49,11 +49,11 @@ def trainer_uses(path: Path) -> list[tuple[str, str | None, int]]:
 
 def test_the_runtime_imports_nothing_from_the_examples_or_the_server():
     offenders = []
-    for path in sorted((REPO / "trainer").glob("*.py")):
+    for path in sorted((REPO / "trainer").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
                        [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            offenders += [f"{path.name}:{node.lineno} {m}" for m in modules
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} {m}" for m in modules
                           if m.split(".")[0] in ("cassava", "serving", "fares", "examples")]
     assert offenders == []
 
@@ -108,7 +108,7 @@ def test_a_task_sets_the_defaults_of_the_flags_that_depend_on_its_model():
     import sys
 
     from cassava.task import CassavaTask
-    from trainer import config
+    from trainer.runtime import config
     from trainer.cluster import resolve
 
     sys.path.insert(0, str(REPO / "examples" / "fares"))
@@ -123,3 +123,75 @@ def test_a_task_sets_the_defaults_of_the_flags_that_depend_on_its_model():
     assert (fares.hypertune_metric, fares.mixed_precision) == ("mae", "auto")
     pinned = config.parse(["--train-files", "x.csv", "--mixed-precision", "bfloat16"], {}, resolve({}), FaresTask())
     assert pinned.mixed_precision == "bfloat16"
+
+
+def runtime_imports() -> dict[str, set[str]]:
+    """trainer's modules -> the trainer modules each imports, anywhere in it (inside functions too)."""
+    modules = {".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
+               for path in (REPO / "trainer").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                imported.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                                for alias in node.names)
+        graph[module] = {name for name in imported if name in modules and name != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle found by a depth-first walk (each once, from where the walk met it)."""
+    found, state = [], {}
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == "open":
+                found.append(path[path.index(imported):] + [imported])
+            elif imported not in state:
+                walk(imported, path + [imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    return found
+
+
+def test_no_module_of_the_runtime_imports_itself_back_through_others():
+    assert circles(runtime_imports()) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_loop_imports_only_keras_and_tensorflow():
+    """trainer/library/loop.py can be copied into a project of its own, as docs/keras.md offers."""
+    tree = ast.parse((REPO / "trainer" / "library" / "loop.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert {name.split(".")[0] for name in imported} <= {"__future__", "typing", "keras", "tensorflow"}, imported
+
+
+def test_the_runtime_names_no_example_in_its_words():
+    """trainer/ is for any model: its docstrings, comments and messages name none of the examples."""
+    named = [f"{path.relative_to(REPO)}:{number}" for path in sorted((REPO / "trainer").rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\b(cassava|fares|reviews)\b", line, re.I)]
+    assert named == []
+
+
+def test_the_top_level_modules_are_the_shared_parts_the_public_names_and_the_commands():
+    """Everything else lives in the sub-package of its job (trainer/__init__.py says which)."""
+    top = {path.stem for path in (REPO / "trainer").glob("*.py")} - {"__init__"}
+    shared = {"tasks", "cluster", "exits", "cli", "outputs", "precision"}
+    commands = {"run", "launch", "selfcheck", "gpu_stack"}
+    assert top == shared | set(public_names()) | commands

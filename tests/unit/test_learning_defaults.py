@@ -7,7 +7,7 @@ import pytest
 from cassava import model as model_lib
 from cassava import task as cassava_task
 from cassava.task import CassavaTask
-from trainer import config as config_lib
+from trainer.runtime import config as config_lib
 from trainer.cluster import resolve
 
 SINGLE = resolve({})

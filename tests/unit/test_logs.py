@@ -1,10 +1,9 @@
 """The known-harmless lines, and only those, are recognised and dropped: by the runtime's
-supervisors (trainer.relay.Filter, which trainer.run and trainer.launch use) and, while TensorFlow
+supervisors (trainer.process.relay.Filter, which trainer.run and trainer.launch use) and, while TensorFlow
 is imported, by the prediction server (serving.quiet_tensorflow); and Keras' progress lines are
 told from the rest."""
 
 import ast
-import logging
 import os
 import re
 import shlex
@@ -14,7 +13,7 @@ import pytest
 
 from helpers import REPO
 from serving import quiet_tensorflow
-from trainer import logs, relay
+from trainer.process import relay
 
 REAL_LINES = [
     "W0000 00:00:1795377681.420217   13677 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will not be optimized "
@@ -93,19 +92,6 @@ def test_a_known_failure_is_recognised_in_tensorflows_line_and_others_are_not():
             "shards/workers.")
     assert relay.known_failure(line).startswith("the dataset has fewer files than the job has workers")
     assert relay.known_failure("ValueError: Could not interpret optimizer identifier") is None
-
-
-def test_the_keras_false_alarm_is_dropped_and_other_tensorflow_warnings_kept(caplog):
-    logs.configure()
-    keras_log = logging.getLogger("tensorflow")
-    with caplog.at_level(logging.WARNING, logger="tensorflow"):
-        keras_log.warning("Callback method `on_train_batch_end` is slow compared to the batch time (batch time: "
-                          "0.0404s vs `on_train_batch_end` time: 0.0549s). Check your callbacks.")
-        keras_log.warning("Callback method `on_train_batch_begin` is slow compared to the batch time")
-        keras_log.warning("Your input ran out of data")
-    assert [r.getMessage() for r in caplog.records] == [
-        "Callback method `on_train_batch_begin` is slow compared to the batch time", "Your input ran out of data"]
-
 
 
 def test_the_servers_load_time_lines_are_the_runtimes_harmless_ones():

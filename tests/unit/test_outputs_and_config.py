@@ -4,8 +4,10 @@ import pytest
 
 from cassava.spec import DatasetSpec
 from cassava.task import CassavaTask
-from trainer import config as config_lib
-from trainer import launch, outputs, strategy
+from trainer.runtime import config as config_lib
+from trainer import outputs
+from trainer.process import launch
+from trainer.runtime import strategy
 from trainer.cluster import resolve
 from trainer.tasks import DataError
 
@@ -142,7 +144,7 @@ def test_launcher_tf_configs_resolve_to_each_task():
 
 
 def test_backup_every_steps_is_auto_by_default_zero_per_epoch_or_a_count():
-    from trainer import config as config_lib
+    from trainer.runtime import config as config_lib
     from trainer.cluster import resolve
 
     cluster = resolve({})

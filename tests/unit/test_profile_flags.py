@@ -1,9 +1,9 @@
-"""--profile-steps and --profile-tasks, as trainer.config parses them (trainer.profiling traces)."""
+"""--profile-steps and --profile-tasks, as trainer.runtime.config parses them (trainer.runtime.profiling traces)."""
 
 import pytest
 
 from cassava.task import CassavaTask
-from trainer import config
+from trainer.runtime import config
 from trainer.cluster import resolve
 
 

@@ -10,13 +10,14 @@ import sys
 
 import pytest
 
-from trainer import cluster, relay, run, severity
+from trainer import cluster
+from trainer.process import command, relay, severity
 
 REDUCER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 
 
 def tf_config_of(environ: dict) -> dict | None:
-    value = run.child_environment(environ).get("TF_CONFIG")
+    value = command.child_environment(environ).get("TF_CONFIG")
     return None if value is None else json.loads(value)
 
 
@@ -74,12 +75,12 @@ def test_the_evaluator_keeps_a_tf_config_naming_itself_beside_the_training_clust
 
 def test_an_unusable_cluster_raises_one_line():
     with pytest.raises(cluster.ClusterConfigError) as error:
-        run.child_environment({"TF_CONFIG": '{"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": 3}}'})
+        command.child_environment({"TF_CONFIG": '{"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": 3}}'})
     assert "\n" not in str(error.value) and "out of range" in str(error.value)
 
 
 def test_the_rest_of_the_environment_is_passed_on():
-    env = run.child_environment({"PATH": "/bin", "MY_FLAG": "1"})
+    env = command.child_environment({"PATH": "/bin", "MY_FLAG": "1"})
     assert env["PATH"] == "/bin" and env["MY_FLAG"] == "1"
 
 
@@ -101,26 +102,26 @@ def test_an_exit_0_of_the_saving_task_that_left_the_model_directory_empty_is_one
     empty.mkdir()
     saved.mkdir()
     (saved / "saved_model.pb").write_bytes(b"x")
-    warning = run.empty_model_warning(0, str(empty))
+    warning = command.empty_model_warning(0, str(empty))
     assert warning == (f"trainer.run: warning: the command exited 0 and left the model directory empty "
                        f"(AIP_MODEL_DIR={empty}); save the trained model there: Vertex AI makes a Model from that "
                        "directory only")
-    assert run.empty_model_warning(0, str(missing)) is not None
-    assert run.empty_model_warning(0, str(saved)) is None
-    assert run.empty_model_warning(1, str(empty)) is None  # a failure says so itself
-    assert run.empty_model_warning(0, None) is None  # a worker, or no model directory in the environment
+    assert command.empty_model_warning(0, str(missing)) is not None
+    assert command.empty_model_warning(0, str(saved)) is None
+    assert command.empty_model_warning(1, str(empty)) is None  # a failure says so itself
+    assert command.empty_model_warning(0, None) is None  # a worker, or no model directory in the environment
 
 
 def test_a_gs_model_directory_is_looked_at_through_cloud_storage_fuse_where_it_is_mounted(tmp_path):
     fuse = tmp_path / "gcs"
     (fuse / "bucket" / "job" / "model").mkdir(parents=True)
-    assert run.left_empty("gs://bucket/job/model", str(fuse)) is True
+    assert command.left_empty("gs://bucket/job/model", str(fuse)) is True
     (fuse / "bucket" / "job" / "model" / "saved_model.pb").write_bytes(b"x")
-    assert run.left_empty("gs://bucket/job/model/", str(fuse)) is False
-    assert run.left_empty("gs://bucket/job/other", str(fuse)) is True
-    assert run.left_empty("gs://unmounted/job/model", str(fuse)) is None  # cannot look: no word
-    assert run.empty_model_warning(0, "gs://unmounted/job/model", str(fuse)) is None
-    assert run.left_empty("s3://bucket/model", str(fuse)) is None
+    assert command.left_empty("gs://bucket/job/model/", str(fuse)) is False
+    assert command.left_empty("gs://bucket/job/other", str(fuse)) is True
+    assert command.left_empty("gs://unmounted/job/model", str(fuse)) is None  # cannot look: no word
+    assert command.empty_model_warning(0, "gs://unmounted/job/model", str(fuse)) is None
+    assert command.left_empty("s3://bucket/model", str(fuse)) is None
 
 
 def test_a_warning_of_the_runner_is_written_at_its_severity():
@@ -141,22 +142,22 @@ def test_a_warning_of_the_runner_is_written_at_its_severity():
 def test_vertex_output_directories_are_kept():
     environ = {"AIP_MODEL_DIR": "gs://b/job/model/", "AIP_CHECKPOINT_DIR": "gs://b/job/checkpoints/",
                "AIP_TENSORBOARD_LOG_DIR": "gs://b/job/logs/"}
-    env = run.child_environment(environ)
+    env = command.child_environment(environ)
     assert {k: env[k] for k in environ} == environ
 
 
 def test_output_directories_default_beside_output_model_when_no_platform_sets_them():
-    env = run.child_environment({})
+    env = command.child_environment({})
     assert (env["AIP_MODEL_DIR"], env["AIP_CHECKPOINT_DIR"], env["AIP_TENSORBOARD_LOG_DIR"]) == (
         "output/model", "output/checkpoints", "output/logs")
 
 
 def test_a_tuning_trial_writes_in_its_own_subdirectories():
-    env = run.child_environment({"AIP_MODEL_DIR": "gs://b/job/model", "CLOUD_ML_TRIAL_ID": "7"})
+    env = command.child_environment({"AIP_MODEL_DIR": "gs://b/job/model", "CLOUD_ML_TRIAL_ID": "7"})
     assert env["AIP_MODEL_DIR"] == "gs://b/job/model/trial-7"
     assert env["AIP_CHECKPOINT_DIR"] == "gs://b/job/checkpoints/trial-7"
     # Vertex AI's tuning already puts the trial in the path: nothing is added.
-    vertex = run.child_environment({"AIP_MODEL_DIR": "gs://b/job/7/model", "CLOUD_ML_TRIAL_ID": "7"})
+    vertex = command.child_environment({"AIP_MODEL_DIR": "gs://b/job/7/model", "CLOUD_ML_TRIAL_ID": "7"})
     assert vertex["AIP_MODEL_DIR"] == "gs://b/job/7/model"
 
 
@@ -232,9 +233,9 @@ def test_json_writes_a_traceback_cut_short_when_closed():
 
 
 def test_log_format_auto_is_json_in_a_kubernetes_pod_only():
-    assert run.log_format("auto", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) == "json"
-    assert run.log_format("auto", {"CLOUD_ML_JOB_ID": "1"}) == "plain"
-    assert run.log_format("plain", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) == "plain"
+    assert command.log_format("auto", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) == "json"
+    assert command.log_format("auto", {"CLOUD_ML_JOB_ID": "1"}) == "plain"
+    assert command.log_format("plain", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) == "plain"
 
 
 # --- exit codes ---------------------------------------------------------------------------------
@@ -251,17 +252,17 @@ def test_log_format_auto_is_json_in_a_kubernetes_pod_only():
     (0, True, 0),  # one that finished in its grace period finished
 ])
 def test_exit_status_follows_the_contract(returncode, terminated, expected):
-    assert run.exit_status(returncode, terminated) == expected
+    assert command.exit_status(returncode, terminated) == expected
 
 
 def test_no_command_is_one_line_and_exit_2(capsys):
-    assert run.main(["--log-format", "plain"]) == 2
+    assert command.main(["--log-format", "plain"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_a_bad_flag_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as stop:
-        run.main(["--log-format", "xml", "--", "python", "task.py"])
+        command.main(["--log-format", "xml", "--", "python", "task.py"])
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
         "python -m trainer.run: error: argument --log-format: invalid choice: 'xml' (choose from 'auto', 'plain', 'json') "
@@ -290,7 +291,7 @@ def feed_all(tracebacks, lines):
 
 
 def test_keras_fit_across_workers_is_one_line_without_its_traceback_or_batch():
-    from trainer import relay
+    from trainer.process import relay
 
     tracebacks = relay.Tracebacks()
     before = ["I0000 port.cc:153] oneDNN custom operations are on.\n", "Epoch 1/3\n"]
@@ -301,7 +302,7 @@ def test_keras_fit_across_workers_is_one_line_without_its_traceback_or_batch():
 
 
 def test_any_other_traceback_is_written_whole_and_in_order():
-    from trainer import relay
+    from trainer.process import relay
 
     other = ["Traceback (most recent call last):\n", '  File "task.py", line 3, in <module>\n', "    open('x')\n",
              "FileNotFoundError: [Errno 2] No such file or directory: 'x'\n", "after\n"]
@@ -310,3 +311,10 @@ def test_any_other_traceback_is_written_whole_and_in_order():
     # A traceback the stream ends inside (the process was killed) is written out at the end.
     cut = relay.Tracebacks()
     assert feed_all(cut, other[:2]) == other[:2]
+
+
+def test_a_commands_python_gets_the_runtime_then_the_exit_hook_after_its_own_paths():
+    env = command.child_environment({"PYTHONPATH": "/mine"})
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/mine", command.RUNTIME_ROOT, command.EXIT_HOOK]
+    assert os.path.isfile(os.path.join(command.EXIT_HOOK, "sitecustomize.py"))
+    assert sorted(os.listdir(command.EXIT_HOOK)) in (["sitecustomize.py"], ["__pycache__", "sitecustomize.py"])

@@ -1,4 +1,4 @@
-"""trainer.storage: Cloud Storage errors as TensorFlow's client raises them, to one line and an
+"""trainer.runtime.storage: Cloud Storage errors as TensorFlow's client raises them, to one line and an
 exit code (the messages are the client's own, as seen against the local server)."""
 
 import pytest
@@ -6,7 +6,8 @@ import pytest
 import trainer  # noqa: F401
 import tensorflow as tf
 
-from trainer import exits, storage
+from trainer import exits
+from trainer.runtime import storage
 
 BODY = "HTTP response code {code} with body '{{\"error\": {{\"code\": {code}, \"message\": \"{text}\"}}}}'"
 
@@ -48,12 +49,12 @@ def test_other_errors_are_not_storage_errors(raised):
 
 def test_the_task_sets_the_gcs_client_settings_unless_the_user_did():
     from trainer import cluster as cluster_lib
-    from trainer import fit
+    from trainer.runtime import entry
 
     cluster = cluster_lib.resolve({})
     environ = {}
-    fit.prepare_environment(cluster, "mirrored", environ)
+    entry.prepare_environment(cluster, "mirrored", environ)
     assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == storage.CLIENT_ENVIRONMENT["GCS_READ_CACHE_BLOCK_SIZE_MB"]
     environ = {"GCS_READ_CACHE_BLOCK_SIZE_MB": "64"}
-    fit.prepare_environment(cluster, "mirrored", environ)
+    entry.prepare_environment(cluster, "mirrored", environ)
     assert environ["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "64"

@@ -44,7 +44,10 @@ QUICK_START_MINUTES = 0.5
 # branch under a load of 8-14 (other sessions' TensorFlow jobs; its two workers side by side) and
 # the others estimated from the serial baseline run's seconds per file: integration 65.0, container
 # 60.8, unit 2.4 minutes. Re-record on a quiet machine and lower these to fit the aim.
-BUDGET_MINUTES = {"unit": 4, "integration": 72, "container": 67}
+# Integration raised from 72 when issue 52's tests landed (72.4 minutes with them, measured under a
+# load of 5-12): the orderly end (test_orderly_end, 3.9 min: six two-task jobs, each with a task
+# that stays 15 s), the job state (test_job_state, 1.9 min) and the blocked weights (1 min).
+BUDGET_MINUTES = {"unit": 4, "integration": 76, "container": 67}
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,7 +9,9 @@ import socket
 import pytest
 
 from cassava.task import CassavaTask
-from trainer import cluster, fit, launch
+from trainer import cluster
+from trainer.runtime import entry
+from trainer.process import launch
 
 # A JobSet pod's variables, as the generated spec gives them, without HOSTNAME.
 JOBSET_POD = {"JOBSET_NAME": "tf", "JOBSET_REPLICATED_JOB": "worker", "JOBSET_JOB_INDEX": "0",
@@ -22,21 +24,21 @@ def environ(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     for name, value in JOBSET_POD.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(fit.logs, "configure", lambda: None)  # the test process keeps its logging
+    monkeypatch.setattr(entry.logs, "configure", lambda: None)  # the test process keeps its logging
 
 
 def test_a_jobset_pod_without_hostname_in_its_environment_resolves_by_the_kernels_hostname(environ, monkeypatch, capsys):
     monkeypatch.setattr(socket, "gethostname", lambda: "tf-worker-0-1")
     # Resolved: the job gets as far as its flags (a bad one here, so nothing trains).
     with pytest.raises(SystemExit) as stop:
-        fit.main(CassavaTask(), ["--epochs", "many"], prog="python -m cassava.task")
+        entry.main(CassavaTask(), ["--epochs", "many"], prog="python -m cassava.task")
     assert stop.value.code == 2
     assert capsys.readouterr().err.startswith("python -m cassava.task: error: argument --epochs")
 
 
 def test_a_jobset_pod_whose_kernel_hostname_is_another_pods_stops_with_one_line(environ, monkeypatch, capsys):
     monkeypatch.setattr(socket, "gethostname", lambda: "tf-worker-0-0")
-    assert fit.main(CassavaTask(), ["--epochs", "1"], prog="python -m cassava.task") == 2
+    assert entry.main(CassavaTask(), ["--epochs", "1"], prog="python -m cassava.task") == 2
     assert capsys.readouterr().err.splitlines() == [
         'cassava.task: error: HOSTNAME is "tf-worker-0-0", but Kubernetes names pod 1 of Job tf-worker-0 '
         '"tf-worker-0-1": JOBSET_NAME, JOBSET_REPLICATED_JOB and JOBSET_JOB_INDEX must come from this pod\'s own labels']

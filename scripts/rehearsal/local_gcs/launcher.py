@@ -16,8 +16,8 @@ from typing import Callable
 from scripts.rehearsal.local_gcs.ca import GOOGLE_HOSTS, ca_variables, make_certificates, system_ca_bundle
 from scripts.rehearsal.local_gcs.faults import Fault
 from scripts.rehearsal.local_gcs.front import Front
-from trainer import stopping
-from trainer.ports import free_port
+from trainer.process import stopping
+from trainer.process.ports import free_port
 
 
 def fake_gcs_server_binary() -> str:

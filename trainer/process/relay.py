@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Sequence
 
-from trainer import severity
+from trainer.process import severity
 
 # C++ runtime lines, matched anywhere in a line, and why each is harmless.
 HARMLESS_LINES = {

@@ -16,9 +16,11 @@ import time
 
 import tensorflow as tf
 
-from trainer import outputs, plan, saving
+from trainer import outputs
+from trainer.runtime import plan, saving
+from trainer.runtime.data_errors import data_errors
 from trainer.cluster import Cluster
-from trainer.config import TrainConfig
+from trainer.runtime.config import TrainConfig
 from trainer.tasks import DataError, Task
 
 log = logging.getLogger("trainer")
@@ -30,28 +32,31 @@ class EvaluatorTimeout(RuntimeError):
 
 
 def checkpoint_epoch(path: str) -> int:
-    """The epoch of a checkpoint trainer.saving wrote (`.../epoch-3`), -1 for anything else."""
+    """The epoch of a checkpoint trainer.runtime.saving wrote (`.../epoch-3`), -1 for anything else."""
     match = re.search(r"epoch-(\d+)$", path)
     return int(match.group(1)) if match else -1
 
 
-def newest_checkpoint(checkpoint_dir: str) -> str | None:
+def newest_checkpoint(checkpoint_dir: str, last_epoch: int | None = None) -> str | None:
     """The newest epoch checkpoint in `checkpoint_dir` (`.../epoch-N`), found by listing the index
     files, which the saver writes after the data files (and which an object store shows whole or
     not at all), not from the `checkpoint` state file tf.train.latest_checkpoint reads: TensorFlow's
     Cloud Storage client keeps a file's size for 5 s (GCS_STAT_CACHE_MAX_AGE), so a state file
     rewritten within them is read cut short ("ParseError ... Checkpoint ignored" on stderr) and the
-    newest epoch is missed until then. Listings are not cached."""
+    newest epoch is missed until then. Listings are not cached. Epochs past `last_epoch`, the
+    job's count, are not this job's and never chosen."""
     prefixes = [path[:-len(".index")] for path in tf.io.gfile.glob(outputs.join(checkpoint_dir, "epoch-*.index"))]
+    prefixes = [path for path in prefixes if last_epoch is None or checkpoint_epoch(path) <= last_epoch]
     return max(prefixes, key=checkpoint_epoch, default=None)
 
 
-def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: float) -> str:
-    """The newest checkpoint past `after_epoch` (newest_checkpoint). One whose index a local disk
-    still holds half-written fails to load, and run() waits for the next poll."""
+def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: float, last_epoch: int | None = None) -> str:
+    """The newest checkpoint past `after_epoch` and at most `last_epoch` (newest_checkpoint). One
+    whose index a local disk still holds half-written fails to load, and run() waits for the next
+    poll."""
     deadline = time.monotonic() + timeout
     while True:
-        latest = newest_checkpoint(checkpoint_dir)
+        latest = newest_checkpoint(checkpoint_dir, last_epoch)
         if latest and checkpoint_epoch(latest) > after_epoch:
             return latest
         if time.monotonic() > deadline:
@@ -62,16 +67,17 @@ def wait_for_new_checkpoint(checkpoint_dir: str, after_epoch: int, timeout: floa
         time.sleep(POLL_SECONDS)
 
 
-def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
-    """`name`: the command's name, for its error lines."""
-    # It evaluates in float32 whatever the job trains in (trainer.saving builds the model so).
+def evaluate(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
+    """Evaluates each new checkpoint until the final epoch's; returns the exit code. `name`: the
+    command's name, for its error lines."""
+    # It evaluates in float32 whatever the job trains in (trainer.runtime.saving builds the model so).
     examples = task.prepare(config.task_flags)
     # The whole validation set each time, unless --validation-steps says otherwise.
     steps = plan.validation_steps(config, examples, config.per_replica_batch_size)
-    run_info = plan.make_run(config, cluster, "evaluator", replicas_in_sync=1, num_input_pipelines=1,
-                             steps_per_epoch=config.steps_per_epoch or 1, validation_steps=steps,
-                             shuffle_seed=config.seed)
-    dataset = task.validation_dataset(run_info, tf.distribute.InputContext())
+    run = plan.make_run(config, cluster, "evaluator", replicas_in_sync=1, num_input_pipelines=1,
+                        steps_per_epoch=config.steps_per_epoch or 1, validation_steps=steps, shuffle_seed=config.seed,
+                        mixed_precision="float32")
+    dataset = task.validation_dataset(run, tf.distribute.InputContext())
     if dataset is None:
         raise DataError(f"the evaluator needs validation data, and the {task.name} task has none with these flags")
     if steps is not None:
@@ -82,12 +88,12 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
     last_epoch = 0
     while last_epoch < config.epochs:
         try:
-            checkpoint = wait_for_new_checkpoint(config.checkpoint_dir, last_epoch, config.eval_timeout)
+            checkpoint = wait_for_new_checkpoint(config.checkpoint_dir, last_epoch, config.eval_timeout, config.epochs)
         except EvaluatorTimeout as error:
             print(f"{name}: error: evaluator: {error}", file=sys.stderr)
             return 2
         try:
-            model = saving.model_from_checkpoint(task, run_info, checkpoint, dataset.element_spec)
+            model = saving.model_from_checkpoint(task, run, checkpoint, dataset.element_spec)
         except saving.CheckpointMismatch as error:
             raise DataError(f"evaluator: {error}: the evaluator needs the training job's own flags") from None
         except tf.errors.OpError as error:
@@ -96,7 +102,7 @@ def run(task: Task, config: TrainConfig, cluster: Cluster, name: str) -> int:
                         (error.message or "").splitlines()[0][:200])
             time.sleep(POLL_SECONDS)
             continue
-        with plan.data_errors(task, run_info):
+        with data_errors(task, run):
             results = model.evaluate(dataset, steps=steps, return_dict=True, verbose=0)
         last_epoch = checkpoint_epoch(checkpoint)
         with writer.as_default(step=last_epoch):

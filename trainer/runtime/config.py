@@ -33,10 +33,10 @@ class TrainConfig:
     per_replica_batch_size: int
     learning_rate: float
     seed: int
-    # Strategy as asked for; `trainer.strategy.choose` turns `auto` into a concrete one.
+    # Strategy as asked for; `trainer.runtime.strategy.choose` turns `auto` into a concrete one.
     strategy: str
     validation_steps: int | None
-    # Preemption: back up every N steps; 0: every epoch; None: auto (trainer.preemption).
+    # Preemption: back up every N steps; 0: every epoch; None: auto (trainer.library.backup).
     backup_every_steps: int | None
     # Outputs, already specific to this trial.
     model_dir: str

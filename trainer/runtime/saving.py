@@ -11,7 +11,9 @@ At the end the chief alone exports: it builds the task's model again in float32,
 strategy, reads the final epoch's weights into it and hands it to the task's `export`. That one
 path serves every strategy: a ParameterServer model's variables live on the parameter servers,
 and a model trained in mixed precision serves in float32 (its weights are float32 under every
-policy; cassava.model says why serving in float32 matters).
+policy): exported in bfloat16 or float16, it would compute in them on whatever machine serves it,
+where they may be emulated (bfloat16 about 6x slower on a CPU without its instructions,
+trainer.precision).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def model_from_checkpoint(task: Task, run: Run, checkpoint: str, element_spec=No
     compiled with the task's loss and metrics (no optimizer). Used by the export and the side-car
     evaluator. A model that creates its weights on its first call is called once on zeros of
     `element_spec`'s shape."""
-    from trainer import loop
+    from trainer.library import loop
 
     restoring = dataclasses.replace(run, trains=False)
     with precision.float32_policy():

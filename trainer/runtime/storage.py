@@ -17,8 +17,9 @@ from typing import Iterable
 
 from trainer import exits
 
-# Settings TensorFlow's GCS client reads once, when it first starts; a task sets them before
-# importing TensorFlow unless the environment already has them (cassava.task).
+# Settings TensorFlow's GCS client reads once, when it first starts; every process of a task sets
+# them before importing TensorFlow unless the environment already has them
+# (trainer.runtime.entry.prepare_environment).
 CLIENT_ENVIRONMENT = {
     # Every file opened for reading gets a zero-filled buffer of this size, and each refill of it
     # is one request that must finish before any of its bytes are read. Too large wastes CPU:

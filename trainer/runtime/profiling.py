@@ -9,7 +9,7 @@ writes it through its own file systems, so a gs:// directory (Vertex AI's
 AIP_TENSORBOARD_LOG_DIR) works as a local one does. Viewing it needs TensorBoard's profile plugin
 (the `xprof` package) where TensorBoard runs, not in the training image.
 
-The flags are parsed in trainer.config (`parse_profile_steps`), which must not load TensorFlow.
+The flags are parsed in trainer.runtime.config (`parse_profile_steps`), which must not load TensorFlow.
 Steps are counted from 1 over the whole run. The trace starts before step FIRST begins and stops
 after step LAST (or at its epoch's end, before validation), so every step in the range is whole
 in it. Under ParameterServerStrategy the coordinator traces its own side of the steps
@@ -24,7 +24,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from trainer import loop
+from trainer.library import loop
 
 log = logging.getLogger("trainer")
 
@@ -47,6 +47,7 @@ class ProfileSteps(loop.Events):
     def __init__(self, directory: str, first: int, last: int, steps_per_epoch: int,
                  wait: Callable[[], None] = lambda: None):
         """`wait`: until the steps scheduled so far have run (a ParameterServer coordinator's)."""
+        super().__init__()
         self.directory = directory
         self.first, self.last = first, last
         self.steps_per_epoch = steps_per_epoch

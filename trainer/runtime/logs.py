@@ -4,27 +4,15 @@ Every process logs `HH:MM:SS trainer: ...` lines: progress (INFO) to stdout, war
 to stderr. Vertex AI's Cloud Logging gives every stderr line severity ERROR and every stdout line
 INFO, so a run that logged its progress to stderr would read as a stream of errors
 (GoogleCloudPlatform/vertex-ai-samples#242). In each process (`configure`), TensorFlow's
-Python-side messages that are harmless and only repeat in every task are left out here, each
-with its reason: its INFO lines (one per collective all-reduce) and one Keras warning our own code
-triggers (below). What TensorFlow's C++ runtime writes straight to file descriptor 2 no Python
-filter sees: trainer/relay.py leaves those lines out, from outside the process.
+Python-side INFO lines, harmless and repeated in every task (one per collective all-reduce), are
+left out here. What TensorFlow's C++ runtime writes straight to file descriptor 2 no Python
+filter sees: trainer/process/relay.py leaves those lines out, from outside the process.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-
-# Keras times the first batches' callbacks against the step. Our preemption vote
-# (trainer.preemption.StepAgreement) reads a value the step computes, so it waits for the step
-# to finish on the device, and Keras books that wait as the callback's time.
-_KERAS_FALSE_ALARM = "Callback method `on_train_batch_end` is slow compared to the batch time"
-
-
-class _DropKerasFalseAlarm(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return _KERAS_FALSE_ALARM not in record.getMessage()
-
 
 class _Below(logging.Filter):
     def __init__(self, level: int):
@@ -47,9 +35,7 @@ def handlers() -> list[logging.Handler]:
 
 
 def configure() -> None:
-    """The trainer's log format and streams, and TensorFlow's Python loggers at WARNING without the
-    false alarm."""
+    """The trainer's log format and streams, and TensorFlow's Python loggers at WARNING."""
     logging.basicConfig(level=logging.INFO, handlers=handlers())
     for noisy in ("tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.getLogger("tensorflow").addFilter(_DropKerasFalseAlarm())

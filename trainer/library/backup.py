@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 import tensorflow as tf
 
-from trainer import loop
+from trainer.library import loop
 
 log = logging.getLogger("trainer")
 
@@ -175,6 +175,7 @@ class SynchronousGuard(loop.Events):
 
     def __init__(self, backup: Backup, strategy: tf.distribute.Strategy, sigterm: threading.Event,
                  sync: Callable[[], None]):
+        super().__init__()
         self.backup = backup
         self.sigterm = sigterm
         self.sync = sync
@@ -207,6 +208,7 @@ class CoordinatorGuard(loop.Events):
     steps scheduled so far, then saves; on SIGTERM it then stops with Preempted."""
 
     def __init__(self, backup: Backup, sigterm: threading.Event, wait: Callable[[], None]):
+        super().__init__()
         self.backup = backup
         self.sigterm = sigterm
         self.wait = wait

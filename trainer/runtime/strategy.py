@@ -50,7 +50,7 @@ def create(name: str, cluster: Cluster):
     if name == "multi_worker_mirrored":
         options = None
         if cluster.num_reducers:
-            from trainer import gpu_stack
+            from trainer.checks import gpu_stack
 
             gpus = len(tf.config.list_physical_devices("GPU"))  # lists devices; runs no op
             plugin = gpu_stack.nccl_net_plugin(os.environ, gpu_stack.installed_nccl()) if gpus else None

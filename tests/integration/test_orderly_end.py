@@ -1,0 +1,39 @@
+"""The end of a healthy multi-worker job logs no error in any task, whichever task leaves first
+(trainer.library.ending). A task that stays 15 s after the last collective (a chief exporting a large
+model, a worker slow to exit) makes TensorFlow's coordination service log an error in one of them
+when each process just exits: the test shows that first, then that the orderly end logs none.
+The runtime's own tasks end through `trainer.library.ending.end` (trainer.fit.run), a level-1 command's
+Python processes through the exit hook trainer.run gives them; healthy runs of both are checked in
+test_mwms.py, test_parameter_server.py, test_own_code_doc.py and test_level1_doc.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import REPO, clean_env, run_module
+from quiet_end import errors_after_training
+
+SCRIPT = REPO / "tests" / "fixtures" / "ending" / "linger.py"
+# Longer than the coordination service takes to find a task gone (its 10 s heartbeat timeout) and
+# a worker to find its leader gone (a failed heartbeat and its retry).
+LINGER_SECONDS = "15"
+ERRORS = {"chief": "The following tasks are unhealthy (stopped sending heartbeats)",
+          "worker": "Failed to send RPC to coordination service"}
+
+
+def run(lingering: str, end: str, *runner: str):
+    result = run_module("trainer.launch", "--replicas", "2", "--timeout", "240", "--", *runner, "python", str(SCRIPT),
+                        env=clean_env(LINGERING=lingering, LINGER=LINGER_SECONDS, END=end), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("lingering", ["chief", "worker"])
+def test_whichever_task_stays_the_orderly_end_logs_no_error(lingering):
+    # Each process just exits: the task left behind logs the coordination service's error.
+    plain = errors_after_training(run(lingering, "exit"))
+    assert any(line.startswith(f"[{lingering}-0] E") and ERRORS[lingering] in line for line in plain), plain
+    # A runtime task's end (trainer.fit.run calls trainer.library.ending.end): none.
+    assert errors_after_training(run(lingering, "orderly")) == []
+    # The same plain script as a level-1 command under trainer.run, whose exit hook orders its end: none.
+    assert errors_after_training(run(lingering, "exit", "python", "-m", "trainer.run", "--")) == []
