@@ -838,6 +838,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scratch-max-seconds", type=float, default=330.0,
                         help="each run from random weights stops here if it has not reached its target")
     parser.add_argument("--pretrain-steps", type=int, default=600, help="steps of the pretraining, when it is done here")
+    parser.add_argument("--pretrain-batch", type=int, default=32,
+                        help="images a pretraining step (and a held-out batch) takes, when it is done here")
     parser.add_argument("--weights-cache", default=pretrain.CACHE_DIR, help="where weights pretrained here are kept")
     parser.add_argument("--seed", type=int, default=42, help="the lab's seed (the trainer's --seed default is 42)")
     parser.add_argument("--data-dir", default=None, help="where the generated data is kept; default a temp dir")
@@ -852,10 +854,10 @@ def main(argv=None) -> int:
     if args.lab_task:
         return lab_task(args)
     recipes = [name.strip() for name in args.recipes.split(",") if name.strip()]
-    if (args.workers < 1 or args.images < 1 or args.rounds < 1 or args.scratch_rounds < 0 or args.phase_epochs < 0
-            or not 0 <= args.target <= 1 or not 0 <= args.scratch_target <= 1):
-        print("time_to_accuracy: --workers, --images and --rounds must be positive, --scratch-rounds and --phase-epochs "
-              "at least 0, and the targets within [0, 1]", file=sys.stderr)
+    if (args.workers < 1 or args.images < 1 or args.rounds < 1 or args.pretrain_batch < 1 or args.scratch_rounds < 0
+            or args.phase_epochs < 0 or not 0 <= args.target <= 1 or not 0 <= args.scratch_target <= 1):
+        print("time_to_accuracy: --workers, --images, --rounds and --pretrain-batch must be positive, --scratch-rounds and "
+              "--phase-epochs at least 0, and the targets within [0, 1]", file=sys.stderr)
         return 2
     if "trainer" not in recipes or any(name not in RECIPES for name in recipes) or len(set(recipes)) < len(recipes):
         print(f"time_to_accuracy: --recipes {args.recipes}: name each of {', '.join(RECIPES)} at most once, trainer "
@@ -872,7 +874,8 @@ def main(argv=None) -> int:
     if args.weights:
         weights, weights_line = os.path.abspath(args.weights), f"{args.weights}, given with --weights"
     else:
-        weights, cost = pretrain.ensure(args.weights_cache, image_size=args.image_size, steps=args.pretrain_steps)
+        weights, cost = pretrain.ensure(args.weights_cache, image_size=args.image_size, steps=args.pretrain_steps,
+                                        batch=args.pretrain_batch)
         weights_line = f"{pretrain.describe(cost)}; cached in {weights}"
     print(f"weights: {weights_line}", flush=True)
     with tempfile.TemporaryDirectory(prefix="time-to-accuracy-") as work:
