@@ -37,23 +37,36 @@ def engine_settings() -> dict[str, str]:
 EARLIER: set[str] = set()
 
 
+# What marks a Cloud Build rehearsal's things (scripts/rehearsal/cloudbuild/: its steps, network,
+# volume, scratch directory and services carry the first; its image tags the second). Its tests run
+# as a work unit of their own, beside the other rehearsals' (tests/parallel.py), so each side counts
+# only its own kind.
+CLOUD_BUILD_MARKS = ("rehearsal-cloudbuild-", "-docker.pkg.dev/")
+
+
+def of_cloud_build(entry: str) -> bool:
+    return any(mark in entry for mark in CLOUD_BUILD_MARKS)
+
+
 def note_earlier_leftovers(engine) -> list[str]:
     """Notes what rehearsals outside this run left (a killed run of another checkout on a shared
     machine, say), before this run makes any: leftovers() leaves them out from then on. Called once
-    per worker when its engine fixture is made, which is before that worker's first rehearsal; the
-    rehearsals all run in one worker (tests/parallel.py's engine unit)."""
-    found = leftovers(engine)
+    per worker when its engine fixture is made, which is before that worker's first rehearsal (the
+    rehearsals run in one unit, tests/parallel.py's engine unit; the Cloud Build ones in a unit of
+    their own, and each side counts only its own kind)."""
+    found = leftovers(engine) + leftovers(engine, cloud_build=True)
     EARLIER.update(found)
     return found
 
 
-def leftovers(engine) -> list[str]:
+def leftovers(engine, cloud_build: bool = False) -> list[str]:
     """What a rehearsal of this run left on this machine (scripts/rehearsal/session.py says what it
     looks for); every rehearsal test asserts it is empty. The test run's own servers are not
     counted: this process's children, and those of the run's other workers (the integration tier's,
     running beside this test: helpers.run_processes). A server a rehearsal left behind outlived its
     runner, and so belongs to init, not to the run. What was there before the run's first rehearsal
-    (EARLIER) is not counted either."""
+    (EARLIER) is not counted either. `cloud_build`: a Cloud Build rehearsal's things alone
+    (CLOUD_BUILD_MARKS); otherwise everything else."""
     import os
     import subprocess
 
@@ -67,7 +80,8 @@ def leftovers(engine) -> list[str]:
     outside = {f"process {args}" for pid, args in (line.split(None, 1) for line in listing if len(line.split(None, 1)) == 2)
                if int(pid) not in ours}
     # A process the first listing named is left over if one like it still runs outside the run.
-    return [entry for entry in left if (not entry.startswith("process ") or entry in outside) and entry not in EARLIER]
+    return [entry for entry in left if (not entry.startswith("process ") or entry in outside) and entry not in EARLIER
+            and of_cloud_build(entry) == cloud_build]
 
 
 def user_env(**extra) -> dict:
