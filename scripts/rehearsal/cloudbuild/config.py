@@ -85,12 +85,18 @@ def load(path: str | Path) -> dict:
     message does not take it."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as error:
         raise ConfigError(f"{path}: {error.strerror}") from None
+    return load_text(text, str(path))
+
+
+def load_text(text: str, where: str) -> dict:
+    try:
+        document = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    check_schema(document, str(path))
+        raise ConfigError(f"{where}: not valid YAML ({str(error).splitlines()[0]})") from None
+    check_schema(document, where)
     return document
 
 
