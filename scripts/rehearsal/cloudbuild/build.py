@@ -269,6 +269,7 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
         rules = BuildRules(build, log, network=network, images=images, workspace=str(scratch / "workspace"),
                            socket=service.socket, extra_env=extra_env, extra_volumes=extra_volumes)
         outcome = drive(run, rules)
+        rules.finish_stopped()
         if outcome.cancelled:
             return 130
         if outcome.code != 0:

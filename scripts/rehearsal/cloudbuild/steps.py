@@ -53,6 +53,7 @@ class BuildRules:
         self.needed = graph.prerequisites(build.steps)
         self.started: dict[int, float] = {}
         self.succeeded: set[int] = set()
+        self.finished: set[int] = set()
         self.begun: float | None = None
 
     def container(self, run: Run, step: Step) -> Container:
@@ -68,6 +69,15 @@ class BuildRules:
         return Container(key=str(step.index), name=name, hostname=f"step-{step.index}", image=local,
                          command=(step.entrypoint,) if step.entrypoint else (), args=step.args, env=env,
                          volumes=volumes, grace=STOP_GRACE_SECONDS, source=step.shown)
+
+    def finish(self, index: int) -> None:
+        self.finished.add(index)
+        self.log.entry(f"Finished {self.build.steps[index].shown}")
+
+    def finish_stopped(self) -> None:
+        """The steps the build's end stopped: finished too, as Cloud Build's log says of a cancelled step."""
+        for index in sorted(set(self.started) - self.finished):
+            self.finish(index)
 
     def start_ready(self, run: Run) -> None:
         for index in graph.ready(self.needed, self.succeeded, self.started):
@@ -88,7 +98,7 @@ class BuildRules:
 
     def exited(self, run: Run, container: Container, code: int, fault) -> Outcome | None:
         step = self.build.steps[int(container.key)]
-        self.log.entry(f"Finished {step.shown}")
+        self.finish(step.index)
         if code != 0:
             return Outcome(code, f'build step {step.index} "{step.name}" failed: step exited with non-zero status: {code}')
         self.succeeded.add(step.index)
