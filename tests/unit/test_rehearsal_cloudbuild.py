@@ -191,3 +191,37 @@ def test_a_trigger_gives_its_config_its_substitutions_and_the_commits_built_ins(
     assert values["SERVICE_ACCOUNT_EMAIL"] == "SERVICE_ACCOUNT" and values["TAG_NAME"] == ""
     refresh = triggers.load(REPO / "images" / "triggers" / "refresh-bases.yaml")
     assert refresh.config_path == "images/triggers/refresh-bases.cloudbuild.yaml"
+
+
+def documented_submit_build_commands() -> list[list[str]]:
+    found = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in page.read_text().splitlines():
+            if "scripts/submit_build.py local" in line and not line.lstrip().startswith(("`", "|", "-")):
+                words = line.split()
+                found.append(words[words.index("scripts/submit_build.py") + 1:])
+    return found
+
+
+@pytest.mark.parametrize("argv", documented_submit_build_commands(), ids=" ".join)
+def test_every_documented_build_command_parses_and_a_submitted_build_is_accepted(argv, tmp_path):
+    """Each `submit_build.py local` line the pages show parses; without --trigger, Cloud Build's
+    checks and substitutions accept the build it submits (nothing runs: no engine here)."""
+    from scripts import submit_build
+    from scripts.rehearsal.cloudbuild import build as builds
+
+    assert argv[0] == "local"
+    args = submit_build.build_parser().parse_args(argv[1:])
+    if args.trigger:
+        assert (REPO / args.trigger).is_file()
+        return
+    submitted = builds.submission(builds.Options(config=args.config, source=str(REPO),
+                                                 substitutions=tuple(args.substitutions.items())))
+    assert all(image.endswith((f":build-{submitted.build_id}", ":latest")) for image in submitted.build.images)
+
+
+def test_the_readmes_cloud_build_command_is_the_rehearsals_with_the_same_flags():
+    lines = (REPO / "README.md").read_text().splitlines()
+    submit = next(line for line in lines if line.startswith("gcloud builds submit "))
+    rehearse = next(line for line in lines if "scripts/submit_build.py local" in line and line.startswith(".venv"))
+    assert rehearse.split("scripts/submit_build.py local ", 1)[1] == submit[len("gcloud builds submit "):]
