@@ -197,9 +197,10 @@ def documented_submit_build_commands() -> list[list[str]]:
     found = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for line in page.read_text().splitlines():
-            if "scripts/submit_build.py local" in line and not line.lstrip().startswith(("`", "|", "-")):
-                words = line.split()
-                found.append(words[words.index("scripts/submit_build.py") + 1:])
+            words = line.split()
+            if words[:3] in (["python", "scripts/submit_build.py", "local"],
+                             [".venv/bin/python", "scripts/submit_build.py", "local"]):
+                found.append(words[2:])
     return found
 
 
