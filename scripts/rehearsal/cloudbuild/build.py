@@ -7,8 +7,8 @@ pushed only when every step has succeeded, and everything removed at the end, al
 The source, as gcloud uploads it: a .gcloudignore is not read (the project has none); in a git
 checkout, the files git does not ignore (tracked, and untracked ones outside .gitignore), which is
 what gcloud's default .gcloudignore (`.git`, `.gitignore`, `#!include:.gitignore`) uploads. A
-trigger's build gets its commit instead, checked out with its .git (the rehearsal's choice: Cloud
-Build's pages do not say whether .git is there), and says when the working tree differs.
+trigger's build gets its commit instead, fetched shallow with its own .git (the rehearsal's choice:
+Cloud Build's pages do not say whether .git is there), and says when the working tree differs.
 
 Exit codes: 0 the build succeeded; the failing step's exit code; 124 a step's or the build's
 timeout; 125 the engine could not run a step; 130 interrupted; 2 a config, a substitution or an
@@ -110,8 +110,10 @@ def copy_workspace(submitted: Submission, workspace: Path, log: BuildLog) -> int
     """The source as the build sees it; returns the number of files."""
     source = submitted.source
     if submitted.commit:
-        subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(source), str(workspace)], check=True)
-        git(workspace, "checkout", "--quiet", submitted.commit)
+        # A shallow fetch of that commit alone: its .git holds every object it needs, inside the workspace.
+        subprocess.run(["git", "init", "--quiet", str(workspace)], check=True)
+        git(workspace, "fetch", "--quiet", "--depth", "1", f"file://{source}", submitted.commit)
+        git(workspace, "checkout", "--quiet", "FETCH_HEAD")
         if git(source, "status", "--porcelain", "--untracked-files=no"):
             log.note(f"the trigger builds commit {submitted.commit[:12]}; this checkout's uncommitted changes are not in it")
         return int(git(workspace, "ls-files", "-z").count("\0"))
