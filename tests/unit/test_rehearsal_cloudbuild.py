@@ -4,6 +4,7 @@ trigger-only ones, `_KEY` defaults and overrides, `$$`, dynamic substitutions' e
 refusals), the waitFor graph, a trigger's build."""
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -226,3 +227,65 @@ def test_the_readmes_cloud_build_command_is_the_rehearsals_with_the_same_flags()
     submit = next(line for line in lines if line.startswith("gcloud builds submit "))
     rehearse = next(line for line in lines if "scripts/submit_build.py local" in line and line.startswith(".venv"))
     assert rehearse.split("scripts/submit_build.py local ", 1)[1] == submit[len("gcloud builds submit "):]
+
+
+def test_each_step_image_of_the_configs_has_its_stand_in_and_an_unknown_one_is_refused():
+    from scripts.rehearsal.cloudbuild import standins
+
+    document = yaml.safe_load((REPO / "cloudbuild.yaml").read_text())
+    names = {step.name for step in build_of(document).steps}
+    chosen = standins.plan(names, available=lambda image: False)
+    assert {standin.kind for standin in chosen.values()} == {"docker", "gcloud", "python"}
+    line = standins.line(chosen, "localhost/standin-python:3.11-bookworm-x")
+    assert line.startswith("stand-ins: ") and "\n" not in line and "not emulated: provenance (SLSA), IAM" in line
+    with pytest.raises(standins.StandInError, match="no stand-in for it and the engine does not have it"):
+        standins.plan(["registry.example/builder:1"], available=lambda image: False)
+    assert standins.plan(["registry.example/builder:1"], available=lambda image: True) == {"registry.example/builder:1": None}
+
+
+def gcloud_standin(state, monkeypatch):
+    import importlib.util
+
+    path = REPO / "scripts" / "rehearsal" / "cloudbuild" / "standins" / "gcloud" / "gcloud.py"
+    spec = importlib.util.spec_from_file_location("gcloud_standin", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "STATE", state)
+    return module
+
+
+def test_the_gcloud_stand_in_answers_a_scan_with_the_occurrences_for_that_image_only(tmp_path, monkeypatch, capsys):
+    from unit.test_scan_gate import occurrence
+
+    gcloud = gcloud_standin(tmp_path, monkeypatch)
+    mine = occurrence("CVE-2026-0100")
+    mine["resourceUri"] = "us-central1-docker.pkg.dev/p/r/tf-predictor-cpu@sha256:" + "2" * 64
+    other = occurrence("CVE-2026-0101")
+    other["resourceUri"] = "us-central1-docker.pkg.dev/p/r/tf-runtime-cpu@sha256:" + "2" * 64
+    (tmp_path / "vulnerabilities.json").write_text(json.dumps([mine, other]))
+    (tmp_path / "scans").mkdir()
+    (tmp_path / "scans" / "abc.json").write_text(json.dumps({"image": "x-docker.pkg.dev/q/s/tf-predictor-cpu:build-1"}))
+    assert gcloud.main(["artifacts", "docker", "images", "list-vulnerabilities",
+                        "projects/q/locations/us/scans/abc", "--location=us", "--format=json"]) == 0
+    answered = json.loads(capsys.readouterr().out)
+    assert [o["noteName"].rsplit("/", 1)[-1] for o in answered] == ["CVE-2026-0100"]
+    assert answered[0]["resourceUri"] == "x-docker.pkg.dev/q/s/tf-predictor-cpu:build-1"
+    assert gcloud.main(["artifacts", "docker", "images", "list-vulnerabilities", "projects/q/locations/us/scans/nope"]) == 1
+    assert gcloud.main(["builds", "submit"]) == 2 and "answers `artifacts docker images scan`" in capsys.readouterr().err
+
+
+def test_the_gcloud_stand_in_records_an_sbom_load_and_refuses_what_gcloud_would(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    gcloud = gcloud_standin(tmp_path / "state", monkeypatch)
+    spdx = tmp_path / "os.spdx.json"
+    spdx.write_text(json.dumps({"spdxVersion": "SPDX-2.3", "packages": []}))
+    uri = "us-central1-docker.pkg.dev/p/r/tf-runtime-cpu@sha256:" + "3" * 64
+    assert gcloud.main(["artifacts", "sbom", "load", f"--source={spdx}", f"--uri={uri}"]) == 0
+    record, = [json.loads(line) for line in (tmp_path / "state" / "sbom-loads.jsonl").read_text().splitlines()]
+    assert record == {"uri": uri, "source": str(spdx), "format": "spdx",
+                      "sha256": hashlib.sha256(spdx.read_bytes()).hexdigest()}
+    assert gcloud.main(["artifacts", "sbom", "load", f"--source={spdx}", "--uri=registry/x:latest"]) == 1
+    (tmp_path / "notes.json").write_text("{}")
+    assert gcloud.main(["artifacts", "sbom", "load", f"--source={tmp_path / 'notes.json'}", f"--uri={uri}"]) == 1
+    assert "neither an SPDX nor a CycloneDX document" in capsys.readouterr().err
