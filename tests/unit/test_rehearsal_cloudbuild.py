@@ -3,7 +3,6 @@ against Cloud Build's schema and checks, substitutions as Cloud Build applies th
 trigger-only ones, `_KEY` defaults and overrides, `$$`, dynamic substitutions' expansions, its own
 refusals), the waitFor graph, a trigger's build."""
 
-import copy
 import json
 
 import pytest
