@@ -206,7 +206,10 @@ def test_the_readmes_submit_command_tags_every_image_with_the_builds_id():
     tag = f"build-{BUILD_ID}"
     registry = "us-central1-docker.pkg.dev/my-project/trainers"
     assert sorted(build.images) == sorted(f"{registry}/{i}:{t}" for i in IMAGES for t in (tag, "latest"))
-    assert f"-t {registry}/tf-runtime-cpu:{tag} ." in substituted_steps(build)["build-tf-runtime-cpu"].args[-1]
+    built_cpu = substituted_steps(build)["build-tf-runtime-cpu"].args[-1]
+    assert f"-t {registry}/tf-runtime-cpu:{tag} ." in built_cpu
+    # the structure tests want a revision label: never empty, also with no commit (the rehearsal found it so)
+    assert f"--build-arg REVISION=unknown --build-arg VERSION={tag} " in built_cpu
     assert build.warnings == ()
 
 
@@ -216,6 +219,7 @@ def test_a_trigger_build_tags_every_image_with_its_commit():
     registry = "us-central1-docker.pkg.dev/my-project/trainers"
     assert sorted(build.images) == sorted(f"{registry}/{i}:{t}" for i in IMAGES for t in ("9999999", "latest"))
     assert "--policy weekly" in substituted_steps(build)["scan-gate-tf-runtime-gpu"].args[-1]
+    assert f"--build-arg REVISION={'9' * 40} " in substituted_steps(build)["build-tf-runtime-gpu"].args[-1]
 
 
 def test_the_old_commit_tag_is_refused_for_a_manual_build_as_cloud_build_refuses_it():
