@@ -75,8 +75,11 @@ build() {
     [ "$image" = tf-runtime-gpu ] && args+=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE")
   fi
   [ -z "$runtime" ] && args+=(--build-arg "OS_UPDATES=$OS_UPDATES")
-  args+=(--build-arg "REVISION=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-         --build-arg "VERSION=${VERSION:-$TAG}" -f "$(dockerfile "$image")" -t "$(image_name "$image")")
+  local revision=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} version=${VERSION:-$TAG}
+  # The labels as --label too: buildah takes a LABEL line from its cache when only its ARG changed.
+  args+=(--build-arg "REVISION=$revision" --build-arg "VERSION=$version"
+         --label "org.opencontainers.image.revision=$revision" --label "org.opencontainers.image.version=$version"
+         -f "$(dockerfile "$image")" -t "$(image_name "$image")")
   if [ "$BUILDER" = docker ]; then
     docker build "${args[@]}" "$(context "$image")"
   else
