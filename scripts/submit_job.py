@@ -6,26 +6,32 @@
     python scripts/submit_job.py ai-platform [options]              [-- TRAINER_ARGS]   (retired service)
     python scripts/submit_job.py jobset      [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py tfjob       [options]              [-- TRAINER_ARGS]
+    python scripts/submit_job.py trainjob    [options]              [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] vertex|hptune [options] [-- TRAINER_ARGS]
     python scripts/submit_job.py local [local options] --spec JOB.json
     python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] jobset [options] [-- TRAINER_ARGS]
     python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] --jobset JOBSET.yaml
+    python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] trainjob [options] [-- TRAINER_ARGS]
+    python scripts/submit_job.py local [--engine E] [--preempt POD@WHEN] --trainjob TRAINJOB.yaml [--runtime RUNTIME.yaml]
 
 `local` runs the CustomJob (or HyperparameterTuningJob) on this machine, one container per
 replica, as Vertex AI would run it; with a JobSet, one container per pod, as Kubernetes and JobSet
-would. It needs docker or podman. The rehearsal is the package scripts/rehearsal/ (its
+would; with a TrainJob, the JobSet Kubeflow Trainer would build from it and its runtime, run the
+same way. It needs docker or podman. The rehearsal is the package scripts/rehearsal/ (its
 __init__ says which module does what).
 
 --dry-run prints the spec (JSON for Vertex AI, YAML for the others) with no credentials and no
 network. Without it, `vertex` and `hptune` submit through google-cloud-aiplatform and print the
-job's resource name and console link; `jobset` and `tfjob` always print, for `kubectl apply -f`.
+job's resource name and console link; `jobset`, `tfjob` and `trainjob` always print, for `kubectl apply -f`.
 `ai-platform` prints the config.yaml of AI Platform Training, the retired service (shut down on
 2025-04-07, Vertex AI's deprecations page), which nothing runs any more: it is kept because its
 cluster shape (a chief named `master` in CLUSTER_SPEC, and in TF_CONFIG without useChiefInTfConfig)
 still reaches the trainer, and the tests check the trainer against it.
 `jobset` is Kubernetes' own: a JobSet (jobset.x-k8s.io/v1alpha2, the JobSet controller), whose
-pods find their cluster themselves (trainer/cluster.py). `tfjob` is for clusters that still run
-Kubeflow training-operator 1.9, maintained only on its release-1.9 branch.
+pods find their cluster themselves (trainer/cluster.py). `trainjob` is Kubeflow Trainer v2's: a
+TrainJob (trainer.kubeflow.org/v1alpha1) on the TensorFlow runtimes of manifests/runtimes/, which
+Trainer turns into such a JobSet. `tfjob` is for clusters that still run Kubeflow training-operator
+1.9, maintained only on its release-1.9 branch.
 An inconsistent request is one line on stderr and exit code 2.
 Needs the `submit` extra (pip install '.[submit]'); the training images never carry it.
 """
@@ -42,7 +48,8 @@ if not __package__:  # run as a file (python scripts/submit_job.py): the repo ro
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from scripts import jobspec  # noqa: E402
-from scripts.rehearsal import jobset as rehearsal_jobset, session, storage, vertex as rehearsal_vertex  # noqa: E402
+from scripts.rehearsal import jobset as rehearsal_jobset, session, storage, trainjob as rehearsal_trainjob  # noqa: E402
+from scripts.rehearsal import vertex as rehearsal_vertex  # noqa: E402
 from trainer import cli  # noqa: E402
 
 
@@ -56,17 +63,18 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(prog="scripts/submit_job.py", description=__doc__.split("\n")[0],
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "jobset", "tfjob"),
+    parser.add_argument("target", choices=("vertex", "hptune", "ai-platform", "jobset", "tfjob", "trainjob"),
                         help="jobset: a Kubernetes JobSet (new clusters); tfjob: a Kubeflow TFJob, for clusters that "
                         "still run training-operator 1.9 (maintained only on its release-1.9 branch); ai-platform: "
                         "the format of AI Platform Training, a retired service (shut down on 2025-04-07, Vertex AI's "
                         "deprecations page), kept because its CLUSTER_SPEC and `master` chief still reach the "
-                        "trainer; new jobs go to vertex")
+                        "trainer; new jobs go to vertex; trainjob: a Kubeflow Trainer v2 TrainJob on the TensorFlow "
+                        "runtimes of manifests/runtimes/")
     parser.add_argument("--dry-run", action="store_true", help="print the spec; no credentials, no network")
     parser.add_argument("--self-check", action="store_true",
                         help="vertex: instead of training, run `python -m trainer.selfcheck` on one replica of the "
                         "chief's machine, GPUs and image (arguments after -- go to the self-check)")
-    parser.add_argument("--name", default="cassava-multiworker", help="display name / JobSet or TFJob name")
+    parser.add_argument("--name", default="cassava-multiworker", help="display name / JobSet, TrainJob or TFJob name")
     parser.add_argument("--strategy", choices=("mwms", "pss"), default="mwms")
     parser.add_argument("--workers", type=int, default=1,
                         help="the workers besides the chief (worker pool 1; TF_CONFIG's worker list), in both strategies: "
@@ -87,16 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--labels", type=parse_labels, default=(), help="key=value,key=value")
     faults = parser.add_argument_group("faults")
     faults.add_argument("--spot", action="store_true",
-                        help="vertex/hptune: run on Spot VMs (scheduling.strategy SPOT); jobset: on GKE Spot nodes "
-                        "(nodeSelector and toleration cloud.google.com/gke-spot)")
+                        help="vertex/hptune: run on Spot VMs (scheduling.strategy SPOT); jobset, trainjob: on GKE Spot "
+                        "nodes (nodeSelector and toleration cloud.google.com/gke-spot)")
     faults.add_argument("--timeout", type=int, default=None, metavar="SECONDS",
                         help="stop the job after this long (Vertex scheduling.timeout, AI Platform maxRunningTime, "
-                        "TFJob activeDeadlineSeconds; JobSet: each Job's activeDeadlineSeconds, counted again "
-                        "after a restart of the JobSet)")
+                        "TFJob and TrainJob activeDeadlineSeconds; JobSet: each Job's activeDeadlineSeconds, counted "
+                        "again after a restart of the JobSet)")
     faults.add_argument("--max-restarts", type=int, default=jobspec.DEFAULT_MAX_RESTARTS,
                         help="tfjob: runPolicy.backoffLimit, the pod restarts allowed before the job fails; jobset: "
                         "failurePolicy.maxRestarts, the restarts of the whole JobSet, and the replacements each PSS "
-                        "worker or evaluator Job may make of its pods")
+                        "worker or evaluator Job may make of its pods; trainjob: the runtime's, which a TrainJob "
+                        "cannot change")
     capacity = parser.add_argument_group(
         "capacity and machines (vertex, hptune; docs/gpus.md says which combinations Vertex AI takes)")
     capacity.add_argument("--flex-start", action="store_true",
@@ -135,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="Google's image, from the multi-region nearest the job (us-, europe- or asia-docker)")
     parser.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"), help="for submitting")
     parser.add_argument("--region", default="us-central1")
-    parser.add_argument("--namespace", default="default", help="jobset/tfjob namespace")
+    parser.add_argument("--namespace", default="default", help="jobset/trainjob/tfjob namespace")
     parser.add_argument("--queue", default=None, metavar="LOCALQUEUE",
-                        help="jobset: the Kueue LocalQueue that admits the JobSet (label kueue.x-k8s.io/queue-name)")
+                        help="jobset, trainjob: the Kueue LocalQueue that admits the JobSet or TrainJob (label "
+                        "kueue.x-k8s.io/queue-name)")
     tuning = parser.add_argument_group("tuning (hptune; ai-platform with --tune)")
     tuning.add_argument("--tune", action="store_true", help="ai-platform: add a hyperparameters block")
     tuning.add_argument("--metric", default="accuracy", help="the tag cassava.task reports (--hypertune-metric)")
@@ -194,8 +204,8 @@ def build_spec(args) -> tuple[str, dict]:
     tuning = jobspec.Tuning(args.metric, args.goal, args.max_trials, args.parallel_trials, (low, high), batch_sizes)
     if args.self_check and args.target != "vertex":
         raise jobspec.SpecError("--self-check is for the vertex target")
-    if args.queue and args.target != "jobset":
-        raise jobspec.SpecError("--queue is for the jobset target")
+    if args.queue and args.target not in ("jobset", "trainjob"):
+        raise jobspec.SpecError("--queue is for the jobset and trainjob targets")
     if args.target == "vertex":
         if args.self_check:
             # The args after -- are the self-check's own, untouched by the strategy.
@@ -207,6 +217,8 @@ def build_spec(args) -> tuple[str, dict]:
         return "yaml", jobspec.ai_platform_config(request, args.region, tuning if args.tune else None)
     if args.target == "jobset":
         return "yaml", jobspec.jobset_manifest(request, args.namespace, args.queue)
+    if args.target == "trainjob":
+        return "yaml", jobspec.trainjob_manifest(request, args.namespace, args.queue)
     return "yaml", jobspec.tfjob_manifest(request, args.namespace)
 
 
@@ -216,6 +228,8 @@ def yaml_header(spec: dict) -> str:
         return jobspec.jobset_header(spec)
     if spec.get("kind") == "TFJob":
         return jobspec.TFJOB_HEADER
+    if spec.get("kind") == "TrainJob":
+        return jobspec.trainjob_header(spec)
     if "trainingInput" in spec:
         return jobspec.AI_PLATFORM_HEADER
     return ""
@@ -248,6 +262,12 @@ def build_local_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobset", metavar="FILE",
                         help="run this JobSet's pods instead (YAML, '-' for stdin; or give `jobset` and its options): "
                              "hostnames, environment and restart rules as Kubernetes and JobSet apply them")
+    parser.add_argument("--trainjob", metavar="FILE",
+                        help="run this Kubeflow Trainer v2 TrainJob instead (YAML, '-' for stdin; or give `trainjob` and its "
+                             "options): the JobSet Trainer v2.3.0 builds from it and its runtime, run as --jobset runs one")
+    parser.add_argument("--runtime", action="append", default=[], metavar="FILE",
+                        help="with a TrainJob: a ClusterTrainingRuntime or TrainingRuntime file (or folder) installed "
+                             "besides manifests/runtimes/ (the same name: this one), e.g. with your own image (repeatable)")
     parser.add_argument("--engine", choices=("docker", "podman"), default=None, help="default: docker if its daemon answers, else podman")
     parser.add_argument("--real-gcs", action="store_true",
                         help="use Google's Cloud Storage with your Application Default Credentials instead of a local server")
@@ -256,8 +276,8 @@ def build_local_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep", metavar="DIR", help="after the job, copy the local server's buckets to DIR/BUCKET/")
     parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS",
                         help="a Spot preemption of REPLICA (e.g. workerpool1-0) SECONDS after the start, or REPLICA@/REGEX/ "
-                        "when it prints a matching line: the job fails with STOCKOUT and restarts whole; for a JobSet, "
-                        "POD@SECONDS evicts that pod (DisruptionTarget) (repeatable)")
+                        "when it prints a matching line: the job fails with STOCKOUT and restarts whole; for a JobSet "
+                        "or a TrainJob, POD@SECONDS evicts that pod (DisruptionTarget) (repeatable)")
     parser.add_argument("--maintenance", action="append", default=[], metavar="REPLICA@SECONDS",
                         help="VM maintenance on REPLICA, as --preempt: it alone comes back on another machine "
                         "(every replica with restartJobOnWorkerRestart) (repeatable)")
@@ -277,27 +297,45 @@ def build_local_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOCAL_TARGETS = ("vertex", "hptune", "jobset", "trainjob")
+
+
+def local_platform(options, target_args: list[str]) -> str:
+    if options.trainjob or target_args[:1] == ["trainjob"]:
+        return session.TRAINJOB
+    return session.JOBSET if options.jobset or target_args[:1] == ["jobset"] else session.VERTEX
+
+
 def local(argv: list[str]) -> int:
-    """`local`: the spec from --spec / --jobset, or from the vertex/hptune/jobset options, run on this machine."""
+    """`local`: the spec from --spec / --jobset / --trainjob, or from the vertex/hptune/jobset/trainjob
+    options, run on this machine."""
     split = argv.index("--") if "--" in argv else len(argv)
-    target_at = next((i for i, a in enumerate(argv[:split]) if a in ("vertex", "hptune", "jobset")), split)
+    target_at = next((i for i, a in enumerate(argv[:split]) if a in LOCAL_TARGETS), split)
     options = build_local_parser().parse_args(argv[:target_at])
     target_args, trainer_args = argv[target_at:split], argv[split + 1:]
-    platform = session.JOBSET if options.jobset or target_args[:1] == ["jobset"] else session.VERTEX
-    given = [flag for flag, value in (("--spec", options.spec), ("--jobset", options.jobset)) if value]
+    platform = local_platform(options, target_args)
+    given = [flag for flag, value in (("--spec", options.spec), ("--jobset", options.jobset), ("--trainjob", options.trainjob))
+             if value]
     if len(given) > 1 or (given and target_args):
-        raise jobspec.SpecError("give one of --spec FILE, --jobset FILE, or vertex/hptune/jobset followed by their options")
-    if platform == session.JOBSET:
+        raise jobspec.SpecError("give one of --spec FILE, --jobset FILE, --trainjob FILE, or vertex/hptune/jobset/trainjob "
+                                "followed by their options")
+    if options.runtime and platform != session.TRAINJOB:
+        raise jobspec.SpecError("--runtime is for a TrainJob (--trainjob FILE, or trainjob and its options)")
+    if platform in (session.JOBSET, session.TRAINJOB):
         vertex_only = [flag for flag, value in (("--print-compose", options.print_compose), ("--seed", options.seed),
                                                 ("--replica-restarts", options.replica_restarts != rehearsal_vertex.REPLICA_RESTARTS),
                                                 ("--job-retries", options.job_retries != rehearsal_vertex.JOB_RETRIES))
                        if value]
         if vertex_only:
-            raise jobspec.SpecError(f"{', '.join(vertex_only)}: for Vertex jobs, not a JobSet")
+            raise jobspec.SpecError(f"{', '.join(vertex_only)}: for Vertex jobs, not a "
+                                    f"{'JobSet' if platform == session.JOBSET else 'TrainJob'}")
+    runtimes: list[dict] = []
     if target_args:
         args = build_parser().parse_args(target_args)
         args.trainer_args = trainer_args
         _, document = build_spec(args)
+    elif options.trainjob:
+        document, runtimes = rehearsal_trainjob.load(options.trainjob)
     elif options.jobset:
         document = rehearsal_jobset.load(options.jobset)
     elif options.spec:
@@ -315,6 +353,11 @@ def local(argv: list[str]) -> int:
         credentials = storage.default_credentials() if options.real_gcs else None
         print(yaml.safe_dump(rehearsal_vertex.compose_file(job_spec, "local", credentials), sort_keys=False), end="")
         return 0
+    if platform == session.TRAINJOB:
+        # What a cluster holds: the runtimes `kubectl apply -f manifests/runtimes/` installs, then
+        # those given (a later one of the same name replaces an earlier, as a later apply would).
+        installed = rehearsal_trainjob.shipped_runtimes() + rehearsal_trainjob.runtimes_in(options.runtime) + runtimes
+        document = rehearsal_trainjob.to_jobset(document, installed)
     return session.rehearse(platform, document, session.Options(
         engine=options.engine, real_gcs=options.real_gcs, stages=tuple(options.stage), keep_dir=options.keep,
         allow_hosts=tuple(options.allow_host), public_gcs=None if options.public_gcs == "none" else options.public_gcs,
@@ -341,7 +384,10 @@ def main(argv=None) -> int:
             request = dataclasses.replace(request, pools=(request.pool("chief"),))
         for warning in jobspec.accelerator_warnings(request):
             print(warning, file=sys.stderr)
-        if args.dry_run or args.target in ("ai-platform", "jobset", "tfjob"):
+        if args.target == "trainjob":
+            for warning in jobspec.trainjob_warnings(request):
+                print(warning, file=sys.stderr)
+        if args.dry_run or args.target in ("ai-platform", "jobset", "tfjob", "trainjob"):
             if fmt == "json":
                 print(json.dumps(spec, indent=2))
             else:

@@ -1,5 +1,28 @@
-"""Tiers live in folders (unit/, integration/, container/, gpu/); each folder's tests carry the
-marker of the same name, so `pytest -m unit` runs only the fast ones."""
+"""The suite's tiers, its timeouts, how its tests share the machine, and what it reports.
+
+Tiers live in folders (unit/, integration/, container/, gpu/); each folder's tests carry the marker
+of the same name, so `pytest -m unit` runs only the fast ones. `--quick` runs what a developer
+runs before a commit: the unit tier and the integration tests recorded at 2.5 s or less
+(tests/timings.py), no container test.
+
+scripts/test.sh runs the tests on every core (pytest-xdist: `-n auto --dist loadscope`;
+tests/parallel.py says how). For a new test:
+- Nothing to do when it owns what it uses (its own tmp_path, ports from the kernel, its own
+  processes). An integration test that reads a module-scoped fixture (a training run several tests
+  check) is kept on one worker with the module's other such tests, so that training runs once.
+  The container tier runs on one worker, one test after another (tests/parallel.py, ENGINE).
+- Tests that must not run at the same time as each other: the same
+  `@pytest.mark.xdist_group("NAME")` puts them on one worker, one after another.
+- A test that measures time, or whatever else other work on the cores would move, and asserts on
+  it: `@pytest.mark.quiet`, and no other test of the run runs beside it. (Better still, assert on
+  something noise cannot move.)
+- Something that costs minutes and several modules need (an image, a trained model, generated
+  data): make it in a session fixture through `once`, which makes it once per run, not once per
+  worker, e.g. `once("image tf-runtime-cpu", lambda: built("tf-runtime-cpu", base_image))`
+  (tests/container/conftest.py), `small_export` below. Its value must be JSON (a name, a path).
+- Record its duration in tests/durations.json (tests/timings.py says how); the unit tier's budget
+  test fails until every integration and container test has one.
+"""
 
 import sys
 from pathlib import Path
@@ -9,6 +32,8 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the trainer package, and helpers.py
 
+import parallel  # noqa: E402
+import timings  # noqa: E402
 
 # Seconds one test's own call may take before pytest-timeout fails it (the default, pyproject.toml's
 # `timeout`, covers the unit tier, fixtures included). Each is above the longest single wait the tier's
@@ -20,6 +45,22 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the trainer package, and helpe
 TIER_TIMEOUTS = {"integration": 2400, "container": 3600, "gpu": 5400}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="only what a developer runs before a commit: the unit tier and the integration tests "
+                          f"tests/durations.json records at {timings.QUICK_TEST_SECONDS:g} s or less")
+    parser.addoption("--record-durations", metavar="PATH",
+                     help="write each test's seconds into PATH (pytest-split's format; tests/timings.py)")
+
+
+def pytest_configure(config):
+    durations = timings.recorded()
+    quick = (lambda nodeid: timings.in_quick(nodeid, durations)) if config.getoption("quick") else None
+    config.pluginmanager.register(parallel.Scheduler(durations, quick), "suite-scheduler")
+    if not parallel.in_worker(config):
+        config.pluginmanager.register(timings.Timings(config), "suite-timings")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         tier = Path(item.fspath).parent.name
@@ -29,38 +70,40 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier], func_only=True))
 
 
-# Seconds spent per test file (setup, call and teardown; a session fixture counts against the first
-# file that asks for it), for the summary: where the whole run's time goes, against CI's 40-minute aim.
-FILE_SECONDS: dict[str, float] = {}
+def pytest_sessionfinish(session):
+    timings.worker_finished(session.config)
 
 
-def pytest_runtest_logreport(report):
-    path = report.nodeid.split("::")[0]
-    FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
+@pytest.fixture(scope="session")
+def once(tmp_path_factory, request):
+    """once(key, make): make()'s value (JSON), made by one worker for the whole run (tests/parallel.py)."""
+    root = parallel.run_root(request.config)
+    return lambda key, make: parallel.once(root, key, make)
 
 
-def pytest_terminal_summary(terminalreporter):
-    from helpers import BUDGETS
+@pytest.fixture(scope="session")
+def small_export(once, request):
+    """A tiny cassava export (the small architecture at 48 px, one epoch of 2 steps on synthetic:32,
+    one process), trained once per run for the tests that only serve an export: the prediction
+    server's (tests/integration/test_prediction_server.py) and the prediction image's
+    (tests/container/test_serving_image.py). They read it and change nothing in it."""
+    from helpers import run_module
 
-    if FILE_SECONDS:
-        terminalreporter.section("time by tier and file")
-        tiers: dict[str, float] = {}
-        for path, seconds in FILE_SECONDS.items():
-            tier = Path(path).parent.name
-            tiers[tier] = tiers.get(tier, 0.0) + seconds
-        terminalreporter.write_line("  ".join(f"{tier} {seconds / 60:.1f} min" for tier, seconds in sorted(tiers.items())))
-        for path, seconds in sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]:
-            terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
-    if BUDGETS:
-        terminalreporter.section("budgets")
-        for line in BUDGETS:
-            terminalreporter.write_line(line)
+    def make() -> str:
+        root = parallel.run_root(request.config) / "small-export"
+        result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
+                            "--image-size", "48", "--architecture", "small", "--weights", "none",
+                            "--per-replica-batch-size", "4", "--data-dir", str(root / "data"), "--model-dir", str(root / "model"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return str(root / "model")
+
+    return Path(once("small cassava export", make))
 
 
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
-    """The local Cloud Storage server (scripts/rehearsal/local_gcs/), one for the whole session; every
-    test makes buckets of its own."""
+    """The local Cloud Storage server (scripts/rehearsal/local_gcs/), one per worker; every test makes
+    buckets of its own."""
     from scripts.rehearsal.local_gcs import LocalGCS
 
     with LocalGCS(tmp_path_factory.mktemp("gcs")) as server:

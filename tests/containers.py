@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, run_processes
 
 SMALL_TRAINING = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32",
                   "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4"]
@@ -34,15 +34,24 @@ def engine_settings() -> dict[str, str]:
 
 def leftovers(engine) -> list[str]:
     """What a rehearsal left on this machine (scripts/rehearsal/session.py says what it looks for);
-    every rehearsal test asserts it is empty. The test session's own servers (the integration
-    tier's) are its children, and not counted."""
+    every rehearsal test asserts it is empty. The test run's own servers are not counted: this
+    process's children, and those of the run's other workers (the integration tier's, running beside
+    this test: helpers.run_processes). A server a rehearsal left behind outlived its runner, and so
+    belongs to init, not to the run."""
     import os
+    import subprocess
 
     from scripts.rehearsal.engine import Engine
     from scripts.rehearsal.session import leftovers as left_by_rehearsals
 
     tool, env = engine
-    return left_by_rehearsals(Engine(tool, env), parent=os.getpid())
+    left = left_by_rehearsals(Engine(tool, env), parent=os.getpid())
+    ours = run_processes()  # after that listing: every process it saw and the run owns is in here
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    outside = {f"process {args}" for pid, args in (line.split(None, 1) for line in listing if len(line.split(None, 1)) == 2)
+               if int(pid) not in ours}
+    # A process the first listing named is left over if one like it still runs outside the run.
+    return [entry for entry in left if not entry.startswith("process ") or entry in outside]
 
 
 def user_env(**extra) -> dict:

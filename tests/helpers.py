@@ -23,6 +23,36 @@ def clean_env(**overrides) -> dict[str, str]:
     return env
 
 
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process on this machine (from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    # The command name, in parentheses, may hold spaces: the fields after it are fixed.
+                    found[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # gone meanwhile
+    return found
+
+
+def run_processes() -> set[int]:
+    """This test run's processes: the run's first one (pytest-xdist's controller, when this process is
+    one of its workers) and everything started under it, other workers' tests included. A process
+    whose parent exited is handed to init, outside this set: what a test leaves behind is not in it."""
+    root = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents().items():
+        children.setdefault(parent, []).append(pid)
+    found, pending = set(), [root]
+    while pending:
+        pid = pending.pop()
+        found.add(pid)
+        pending += [child for child in children.get(pid, ()) if child not in found]
+    return found
+
+
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env or clean_env(),
                           capture_output=True, text=True, timeout=timeout)

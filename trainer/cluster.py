@@ -20,6 +20,10 @@ Every platform describes the cluster slightly differently:
   JobSet's headless Service (subdomain: JOBSET_SUBDOMAIN, else the JobSet's name).
   `JOBSET_VARIABLES` below is the one list of these variables; scripts/jobspec.py writes it into every
   JobSet it prints, and a JobSet written by hand copies it.
+* A Kubeflow Trainer v2 TrainJob is such a JobSet, built by Trainer from a ClusterTrainingRuntime
+  (manifests/runtimes/): its trainer nodes are the replicatedJob `node`, which is TensorFlow's
+  `worker` here (`JOBSET_ROLE_NAMES`), and the runtime's env gives JOBSET_PODS the TrainJob's
+  numNodes through TRAINJOB_NUM_NODES.
 
 `resolve(environ)` turns any of these into a `Cluster`, including a normalized TF_CONFIG that
 TensorFlow accepts: `master` becomes `chief` (MultiWorkerMirroredStrategy rejects `master`) and
@@ -73,6 +77,13 @@ JOBSET_PODS, JOBSET_SUBDOMAIN, JOBSET_PORT = "JOBSET_PODS", "JOBSET_SUBDOMAIN", 
 JOBSET_VARIABLES = (*JOBSET_LABEL_ENV, JOBSET_PODS, JOBSET_SUBDOMAIN, JOBSET_PORT)
 # Set by the Kubernetes Job controller in every pod of an Indexed Job; a spec does not set it.
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+# replicatedJob names that are no TensorFlow role name, and the role they hold: `node`, the name
+# Kubeflow Trainer gives the replicatedJob of a runtime's trainer nodes (constants.Node, v2.3.0
+# pkg/constants/constants.go:69), whose pods are the workers of a TensorFlow cluster.
+JOBSET_ROLE_NAMES = {"node": WORKER}
+# The TrainJob's numNodes as the TensorFlow runtimes hand it to their pods (manifests/runtimes/):
+# Trainer tells a plainML runtime's pods nothing of it, so the TrainJob gives it as env too.
+TRAINJOB_NUM_NODES = "TRAINJOB_NUM_NODES"
 TF_PORT = 2222
 
 # Google's Reduction Server images, one per multi-region (Vertex AI "Distributed training" page,
@@ -309,9 +320,13 @@ def _resolve_jobset(environ: Mapping[str, str]) -> Cluster:
         raise ClusterConfigError(f'{JOB_COMPLETION_INDEX} is "{completion_text}", not a pod index')
     task_index = int(completion_text)
     if task_index >= pods[replicated_job]:
+        hint = "it must list each Job's completions"
+        if TRAINJOB_NUM_NODES in environ:
+            hint = (f"a TrainJob's numNodes must reach its pods as env {TRAINJOB_NUM_NODES} too "
+                    f"(here {environ[TRAINJOB_NUM_NODES]!r}), which the runtime's {JOBSET_PODS} reads")
         raise ClusterConfigError(
             f"{JOB_COMPLETION_INDEX} is {task_index}, but {JOBSET_PODS} gives {replicated_job} {pods[replicated_job]} "
-            f"pod(s) (indices 0..{pods[replicated_job] - 1}): it must list each Job's completions")
+            f"pod(s) (indices 0..{pods[replicated_job] - 1}): {hint}")
     expected_hostname = f"{jobset}-{replicated_job}-{job_index_text}-{task_index}"
     if hostname != expected_hostname:
         raise ClusterConfigError(
@@ -365,10 +380,10 @@ def _jobset_pods(text: str) -> dict[str, int]:
 
 
 def _jobset_role(replicated_job: str, variable: str) -> str:
-    role = _ROLE_ALIASES.get(replicated_job.lower())
+    role = JOBSET_ROLE_NAMES.get(replicated_job.lower()) or _ROLE_ALIASES.get(replicated_job.lower())
     if role is None or replicated_job.lower().startswith("workerpool"):
         raise ClusterConfigError(f'{variable}: replicatedJob "{replicated_job}" is not a role: name each '
-                                 "replicatedJob chief (or master), worker, ps or evaluator")
+                                 "replicatedJob chief (or master), worker (or node, Kubeflow Trainer's), ps or evaluator")
     return role
 
 

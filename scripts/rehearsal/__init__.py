@@ -1,5 +1,5 @@
-"""The rehearsal: a Vertex AI job or a Kubernetes JobSet run on this machine, one container per
-replica or pod, before a real one costs (`python scripts/submit_job.py local ...`), and a Model
+"""The rehearsal: a Vertex AI job, a Kubernetes JobSet or a Kubeflow Trainer TrainJob run on this
+machine, one container per replica or pod, before a real one costs (`python scripts/submit_job.py local ...`), and a Model
 deployed to an endpoint (`python scripts/deploy_model.py local ...`).
 
 | module       | its one job                                                                        |
@@ -8,6 +8,7 @@ deployed to an endpoint (`python scripts/deploy_model.py local ...`).
 | runner.py    | the one container runner: create, start, relay, stop, remove; the loop over rules    |
 | vertex.py    | Vertex AI's rules, and what Vertex tells each replica                                |
 | jobset/      | JobSet's and Kubernetes' rules, and what each pod gets: a module per policy      |
+| trainjob/    | Kubeflow Trainer v2's rules: a TrainJob and its runtime into the JobSet it applies |
 | endpoint.py  | a Model deployed to an endpoint: the prediction image, ready when healthy           |
 | engine.py    | the container engine (docker or podman) and its settings, for every script         |
 | storage.py   | Cloud Storage and /gcs/ for every container, from one setup                          |

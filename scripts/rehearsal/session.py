@@ -1,6 +1,6 @@
 """One rehearsal from start to end, whatever the platform: `rehearse` checks the options, and
 `run_session` finds the engine, starts Cloud Storage (storage.py), hands the spec to the
-platform's rules (vertex.py, jobset/, endpoint.py) over the runner (runner.py), copies the
+platform's rules (vertex.py, jobset/, trainjob/, endpoint.py) over the runner (runner.py), copies the
 buckets out, and removes everything it made, also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
 runner's cancel, `kill`) both stop every container with its grace, then clean up.
 
@@ -25,12 +25,12 @@ import threading
 import time
 from pathlib import Path
 
-from scripts.rehearsal import jobset, vertex
+from scripts.rehearsal import jobset, trainjob, vertex
 from scripts.rehearsal.engine import Engine, EngineError
 from scripts.rehearsal.runner import PREFIX, Output, RehearsalError, Session
 from scripts.rehearsal.storage import PUBLIC_GCS, Storage, buckets_named
 
-VERTEX, JOBSET = "vertex", "jobset"
+VERTEX, JOBSET, TRAINJOB = "vertex", "jobset", "trainjob"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Options:
 
 
 def faults_of(platform: str, options: Options) -> list:
-    if platform == JOBSET:
+    if platform in (JOBSET, TRAINJOB):
         if options.maintenance:
             raise RehearsalError("--maintenance is VM maintenance on Vertex AI; a JobSet's pods are evicted with --preempt")
         return [jobset.parse_eviction(text) for text in options.preempt]
@@ -56,19 +56,23 @@ def faults_of(platform: str, options: Options) -> list:
 
 
 def rehearse(platform: str, document: dict, options: Options, output: Output | None = None) -> int:
-    """Runs a CustomJob / HyperparameterTuningJob (vertex) or a JobSet (jobset) on this machine;
-    returns the exit code. Raises RehearsalError, one line, for what it cannot run."""
+    """Runs a CustomJob / HyperparameterTuningJob (vertex), a JobSet (jobset) or a TrainJob built
+    into its JobSet (trainjob: a trainjob.Built) on this machine; returns the exit code. Raises
+    RehearsalError, one line, for what it cannot run."""
     faults = faults_of(platform, options)
     if options.vertex.replica_restarts < 0 or options.vertex.job_retries < 0:
         raise RehearsalError("--replica-restarts and --job-retries are 0 or more")
-    (jobset if platform == JOBSET else vertex).check(document, faults)  # before anything starts
+    {JOBSET: jobset, TRAINJOB: trainjob}.get(platform, vertex).check(document, faults)  # before anything starts
 
     def play(session: Session, storage: Storage, run_id: str, scratch: Path) -> int:
+        buckets = None if options.real_gcs else storage.bucket_directory
         if platform == JOBSET:
-            return jobset.run(session, document, run_id, faults, None if options.real_gcs else storage.bucket_directory)
+            return jobset.run(session, document, run_id, faults, buckets)
+        if platform == TRAINJOB:
+            return trainjob.run(session, document, run_id, faults, buckets)
         return vertex.run(session, document, run_id, faults, storage.files_volume(), options.vertex, scratch)
 
-    return run_session(options, buckets_named(document), play, output)
+    return run_session(options, buckets_named(document.jobset if platform == TRAINJOB else document), play, output)
 
 
 def run_session(options: Options, buckets: list[str], play, output: Output | None = None) -> int:

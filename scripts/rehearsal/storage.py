@@ -126,10 +126,13 @@ class Storage:
         return f"{self.files}:{GCS_FILES_IN_CONTAINER}" if self.fuse is not None else None
 
     def bucket_directory(self, bucket: str) -> Path:
-        """One bucket as files, for a pod's Cloud Storage FUSE CSI volume."""
+        """One bucket as files, for a pod's Cloud Storage FUSE CSI volume; "_" (the driver's dynamic
+        mounting) is every bucket, each a directory, as under /gcs/ on Vertex."""
         if self.fuse is None:
             raise StorageError(f"a Cloud Storage FUSE volume of gs://{bucket} needs the local server's files, "
                                "which this machine cannot mount (see the warning above), or --real-gcs is set")
+        if bucket == "_":
+            return self.files
         if bucket not in self.buckets:
             self.server.create_bucket(bucket)
             self.buckets.append(bucket)

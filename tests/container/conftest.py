@@ -1,14 +1,52 @@
-"""The container tier's shared fixtures: the engine, and the images built once per session."""
+"""The container tier's shared fixtures: the engine, and the images, built once per run.
+
+An image fixture builds its image with scripts/supply_chain/images.sh, once for the whole run
+whatever the number of workers (the `once` fixture, tests/parallel.py), holding the image's build
+lock (build_lock). scripts/test.sh starts the same builds in the background as soon as the
+container tools are installed, one after another, each under its image's lock, so most of the
+building overlaps the setup and the other tiers; a fixture that comes after finds every layer
+cached and its build takes seconds, and one that comes during waits for that image alone. The
+fixture's own build is the one the tests rely on, whatever the background did.
+
+The tier runs on one worker (tests/parallel.py, ENGINE). In it, the tests that need a GPU image
+(the largest build, gigabytes of NVIDIA wheels) run after the others, so those run while it builds.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from containers import build_env, engine_settings, image_env, sh
 from helpers import BUDGETS
+from parallel import locked
+
+# The image fixtures of the GPU images, by image.
+GPU_IMAGES = {"tf-runtime-gpu": "runtime_gpu_image", "cassava-trainer-gpu": "gpu_image"}
+
+
+def build_lock(image: str) -> Path:
+    """The lock a build of `image` (or of the stand-in base, "standin") holds, the tests' and
+    scripts/test.sh's background builds alike: the same image is never built twice at once."""
+    return Path(engine_settings()["IMAGES_WORK"]) / f"test-build-{image}.lock"
+
+
+def needs_a_gpu_image(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return bool(set(item.fixturenames) & set(GPU_IMAGES.values())) or any(
+        isinstance(value, str) and value in GPU_IMAGES for value in params.values())
+
+
+def pytest_collection_modifyitems(items):
+    """The container tests that need a GPU image move behind the tier's other tests, in the places
+    the tier's tests hold (the tier stays one run of items, as tests/parallel.py ordered it)."""
+    places = [index for index, item in enumerate(items) if Path(item.fspath).parent.name == "container"]
+    tier = [items[index] for index in places]
+    for index, item in zip(places, sorted(tier, key=needs_a_gpu_image)):
+        items[index] = item
 
 
 @pytest.fixture(scope="session")
@@ -18,43 +56,51 @@ def engine():
 
 
 @pytest.fixture(scope="session")
-def base_image(engine):
+def base_image(engine, once):
     if os.environ.get("BASE_IMAGE"):
         return os.environ["BASE_IMAGE"]
-    return sh("scripts/supply_chain/standin_base.sh").stdout.strip().splitlines()[-1]
+
+    def make():
+        with locked(build_lock("standin")):
+            return sh("scripts/supply_chain/standin_base.sh").stdout.strip().splitlines()[-1]
+
+    return once("stand-in base image", make)
 
 
 def built(image: str, base_image: str, timeout: int = 1800) -> str:
-    started = time.monotonic()
-    sh("scripts/supply_chain/images.sh", "build", image, env=build_env(base_image), timeout=timeout)
-    BUDGETS.append(f"{image} build: {time.monotonic() - started:.0f}s")
+    asked = time.monotonic()
+    with locked(build_lock(image)):
+        started = time.monotonic()
+        sh("scripts/supply_chain/images.sh", "build", image, env=build_env(base_image), timeout=timeout)
+    waited = f" (after {started - asked:.0f}s waiting for the build in the background)" if started - asked >= 1 else ""
+    BUDGETS.append(f"{image} build: {time.monotonic() - started:.0f}s{waited}")
     return f"localhost/{image}:test"
 
 
 @pytest.fixture(scope="session")
-def runtime_cpu_image(base_image):
+def runtime_cpu_image(base_image, once):
     """tf-runtime-cpu: the runtime alone, entry point trainer.run."""
-    return built("tf-runtime-cpu", base_image)
+    return once("image tf-runtime-cpu", lambda: built("tf-runtime-cpu", base_image))
 
 
 @pytest.fixture(scope="session")
-def runtime_gpu_image(base_image):
-    return built("tf-runtime-gpu", base_image, timeout=3000)
+def runtime_gpu_image(base_image, once):
+    return once("image tf-runtime-gpu", lambda: built("tf-runtime-gpu", base_image, timeout=3000))
 
 
 @pytest.fixture(scope="session")
-def cpu_image(runtime_cpu_image, base_image):
+def cpu_image(runtime_cpu_image, base_image, once):
     """cassava-trainer-cpu: the cassava example on the CPU runtime (its layers come from cache)."""
-    return built("cassava-trainer-cpu", base_image)
+    return once("image cassava-trainer-cpu", lambda: built("cassava-trainer-cpu", base_image))
 
 
 @pytest.fixture(scope="session")
-def gpu_image(runtime_gpu_image, base_image):
+def gpu_image(runtime_gpu_image, base_image, once):
     """cassava-trainer-gpu: the cassava example on the GPU runtime."""
-    return built("cassava-trainer-gpu", base_image, timeout=3000)
+    return once("image cassava-trainer-gpu", lambda: built("cassava-trainer-gpu", base_image, timeout=3000))
 
 
 @pytest.fixture(scope="session")
-def serving_image(base_image):
+def serving_image(base_image, once):
     """tf-predictor-cpu: the prediction server alone."""
-    return built("tf-predictor-cpu", base_image)
+    return once("image tf-predictor-cpu", lambda: built("tf-predictor-cpu", base_image))

@@ -22,6 +22,15 @@ import pytest
 
 from containers import SMALL_TRAINING, build_env, sh
 from helpers import BUDGETS, REPO
+from parallel import ENGINE
+
+# They run no rehearsal and retag no shared image: beside the rehearsals, on any worker (tests/parallel.py);
+# the structure tests excepted (STRUCTURE_TESTS).
+pytestmark = pytest.mark.no_rehearsal
+# `images.sh test` writes its report to a path of the machine's and serves the Docker API from a podman
+# service that the test below looks for on the whole machine: every structure test of the tier runs on
+# the rehearsals' worker, one at a time (tests/container/test_serving_image.py's too).
+STRUCTURE_TESTS = pytest.mark.xdist_group(ENGINE)
 
 # Each image the tests build, by the fixture that builds it (tests/container/conftest.py).
 FIXTURES = {"tf-runtime-cpu": "runtime_cpu_image", "tf-runtime-gpu": "runtime_gpu_image",
@@ -43,6 +52,7 @@ def test_dockerfiles_pass_hadolint():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@STRUCTURE_TESTS
 @pytest.mark.parametrize("image", ["tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "cassava-trainer-gpu"])
 def test_structure_tests_pass(image, request, engine):
     request.getfixturevalue(FIXTURES[image])
@@ -54,6 +64,7 @@ def test_structure_tests_pass(image, request, engine):
     assert any(r["Name"].startswith("Command Test") for r in report["Results"])  # command tests really ran
 
 
+@STRUCTURE_TESTS
 def test_structure_tests_leave_no_podman_service_behind(engine, runtime_cpu_image):
     """A podman service left running fails every later structure test: its socket outlives it, or
     it outlives the checkout it was started from ("write child: broken pipe"). So each run of

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from containers import sh
 from helpers import REPO
+
+# Images and containers of their own names, no rehearsal: beside the rehearsals, on any worker (tests/parallel.py).
+pytestmark = pytest.mark.no_rehearsal
 
 # A user's script as keras.io and older tutorials mix them: Keras 3 layers (`import keras`) in a
 # `tf.keras.Sequential`, compiled with a `tf.keras` optimizer. Under TF_USE_LEGACY_KERAS=1 both fail

@@ -53,14 +53,11 @@ def test_the_prediction_image_carries_the_server_alone_and_owns_none_of_its_pack
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory):
-    """A tiny model (the small architecture, 48 px), trained and exported once on this machine."""
-    root = tmp_path_factory.mktemp("serving-image")
-    result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
-                        "--image-size", "48", "--architecture", "small", "--weights", "none",
-                        "--per-replica-batch-size", "4", "--data-dir", str(root / "data"), "--model-dir", str(root / "model"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "model"
+def export(small_export):
+    """A tiny model (the small architecture, 48 px), trained and exported once on this machine: the
+    run's small_export (tests/conftest.py), shared with tests/integration/test_prediction_server.py,
+    which trained the same model on its own before."""
+    return small_export
 
 
 def rehearsal(engine, image: str, export, *options: str) -> list[str]:

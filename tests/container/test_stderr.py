@@ -9,7 +9,12 @@ import re
 import subprocess
 import uuid
 
+import pytest
+
 from helpers import REPO, assert_bad_data_stop_said
+
+# Containers of their own names, no rehearsal: beside the rehearsals, on any worker (tests/parallel.py).
+pytestmark = pytest.mark.no_rehearsal
 
 HEALTHY_RUN = ["--dataset", "synthetic:32", "--epochs", "1", "--image-size", "32", "--architecture", "small",
                "--weights", "none", "--per-replica-batch-size", "4"]

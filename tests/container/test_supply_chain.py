@@ -15,6 +15,9 @@ from packaging.version import Version
 from containers import sh
 from helpers import REPO
 
+# They only read the images: beside the rehearsals, on any worker (tests/parallel.py).
+pytestmark = pytest.mark.no_rehearsal
+
 FIXTURES = {"tf-runtime-cpu": "runtime_cpu_image", "tf-runtime-gpu": "runtime_gpu_image",
             "cassava-trainer-cpu": "cpu_image", "tf-predictor-cpu": "serving_image"}
 LOCKS = {"tf-runtime-cpu": ["images/pip.lock", "images/cpu/requirements.lock"],

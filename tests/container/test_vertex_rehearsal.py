@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from containers import SMALL_TRAINING, leftovers, user_env
-from helpers import REPO, backups_reported, resumed_at, run_module, write_image_folder
+from helpers import REPO, backups_reported, resumed_at, run_module, run_processes, write_image_folder
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 # Each replica makes its own synthetic data on its own disk, as it would on its own VM.
@@ -322,7 +322,10 @@ def interrupted_run(engine, tmp_path, spec: dict, when: str, count: int = 1) -> 
 
 
 def fake_gcs_servers() -> set[str]:
-    return set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split())
+    """Those outside this test run: a runner's server that outlived it belongs to init; the servers of
+    the run's other workers (helpers.run_processes) come and go beside this test."""
+    ours = {str(pid) for pid in run_processes()}
+    return set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split()) - ours
 
 
 def test_ctrl_c_removes_every_container_network_and_server(engine, cpu_image, tmp_path):

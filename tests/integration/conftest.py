@@ -1,8 +1,13 @@
 import pytest
 
+from parallel import run_root
+
 
 @pytest.fixture(scope="session")
-def data_root(tmp_path_factory):
-    """One synthetic-data cache for the whole session: generated once, read by every run."""
-    return tmp_path_factory.mktemp("data")
-
+def data_root(request):
+    """One synthetic-data cache for the whole run, every worker's: each dataset is generated once
+    (cassava.synthetic writes it under a temporary name and renames it whole, so two jobs that
+    generate the same one at once leave one complete copy) and read by every later run."""
+    root = run_root(request.config) / "data"
+    root.mkdir(exist_ok=True)
+    return root

@@ -123,7 +123,14 @@ def test_predict_reads_the_model_and_images_from_the_bucket(vertex_style_runs, g
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [row[0] for row in rows] == [str(local_image), "gs://cassava-jobs/images/leaf.jpg"]
-    assert rows[0][1] == rows[1][1] and json.loads(rows[0][1])["class_name"] in synthetic.CLASS_NAMES
+    # The same bytes, read from disk and from the bucket, get the same answer: the same class, and
+    # probabilities equal up to float32 rounding (oneDNN's threads may sum in another order from
+    # one call to the next: a busy machine's run differed by 6e-8).
+    from_disk, from_bucket = json.loads(rows[0][1]), json.loads(rows[1][1])
+    assert {k: v for k, v in from_disk.items() if k != "probabilities"} == \
+        {k: v for k, v in from_bucket.items() if k != "probabilities"}
+    assert from_disk["probabilities"] == pytest.approx(from_bucket["probabilities"], abs=1e-6)
+    assert from_disk["class_name"] in synthetic.CLASS_NAMES
 
 
 def subprocess_copy(source, destination: str, env):

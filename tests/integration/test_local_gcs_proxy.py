@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import parents
 from scripts.rehearsal.local_gcs import LocalGCS
 
 
@@ -164,8 +165,11 @@ def test_the_private_key_is_its_owners_alone(proxy):
 
 
 def test_a_failed_start_leaves_no_server_running(tmp_path):
+    """(The servers counted are this process's children, where LocalGCS starts its server: the run's
+    other workers start servers of their own meanwhile.)"""
     def servers() -> set[str]:
-        return set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split())
+        mine = {str(pid) for pid, parent in parents().items() if parent == os.getpid()}
+        return set(subprocess.run(["pgrep", "-f", "fake-gcs-server"], capture_output=True, text=True).stdout.split()) & mine
 
     before = servers()
     with socket.socket() as taken:

@@ -60,13 +60,10 @@ def request_body(images) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory, data_root):
-    model_dir = tmp_path_factory.mktemp("prediction-server") / "model"
-    result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
-                        "--image-size", "48", "--architecture", "small", "--weights", "none",
-                        "--per-replica-batch-size", "4", "--data-dir", str(data_root), "--model-dir", str(model_dir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return model_dir
+def export(small_export):
+    """The run's tiny cassava export (tests/conftest.py's small_export, trained once and shared with
+    tests/container/test_serving_image.py, which trained the same model on its own before)."""
+    return small_export
 
 
 def upload(gcs_server, local, bucket: str, prefix: str) -> str:

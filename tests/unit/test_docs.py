@@ -446,8 +446,25 @@ def check_submit_job(command: Command) -> None:
     assert argv, f"{command}: no target"
     if argv[0] == "local":
         own, _ = split_at_dashes(argv[1:])
-        at = next((i for i, a in enumerate(own) if a in ("vertex", "hptune", "jobset")), None)
+        at = next((i for i, a in enumerate(own) if a in ("vertex", "hptune", "jobset", "trainjob")), None)
         options, target = (own[:at], own[at:]) if at is not None else (own, [])
+        if target[:1] == ["trainjob"] or "--trainjob" in options:
+            # A TrainJob rehearsal: its options parse, its TrainJob prints, and Trainer's rules build
+            # the JobSet whose pods --preempt names.
+            from scripts import submit_job
+            from scripts.rehearsal import jobset, trainjob
+
+            assert not (error := run_parser(submit_job.build_local_parser().parse_args, options)), f"{command}: {error}"
+            if target:
+                trainer_args = split_at_dashes(argv)[1]
+                code, out, err = run_submit_job([*target, *(["--", *trainer_args] if "--" in argv else [])])
+                assert code == 0 and "kind: TrainJob" in out, f"{command}: exit {code}: {last_line(err)}"
+                built = trainjob.to_jobset(yaml.safe_load(out), trainjob.shipped_runtimes())
+                pods = {pod["hostname"] for pod in jobset.jobset_pods(built.jobset)}
+                for text in submit_job.build_local_parser().parse_args(options).preempt:
+                    assert jobset.parse_eviction(text).replica in pods, f"{command}: {text} names no pod of {sorted(pods)}"
+                assert not (error := trainer_args_error(trainer_args)), f"{command}: cassava.task refuses {trainer_args}: {error}"
+            return
         if target[:1] == ["jobset"] or "--jobset" in options:
             # A JobSet rehearsal has no compose form: its options parse, and its JobSet prints.
             from scripts import submit_job
@@ -563,8 +580,9 @@ def kubectl_lines() -> list[KubectlLine]:
             for offset, text in logical_lines(block.body):
                 stripped = text.strip().removeprefix("$ ")
                 command = command_of(page, block.line + offset, text)
-                if command is not None and command.target.endswith("submit_job.py") and command.argv[:1] == ("jobset",):
-                    jobset_command = command
+                if command is not None and command.target.endswith("submit_job.py") and command.argv[:1] in (
+                        ("jobset",), ("trainjob",)):
+                    jobset_command = command  # a TrainJob's: the JobSet Trainer builds from it
                 if command is not None and (redirect := re.search(r"(?<![0-9&])>\s*(\S+)\s*$", stripped)):
                     written.append(redirect.group(1))
                 if stripped.startswith("kubectl "):
@@ -580,6 +598,10 @@ def jobset_of(command: Command) -> dict:
     own, trainer_args = split_at_dashes(command.argv)
     code, out, err = run_submit_job([*own, *(["--", *trainer_args] if "--" in command.argv else [])])
     assert code == 0, f"{command}: exit {code}: {last_line(err)}"
+    if own[0] == "trainjob":
+        from scripts.rehearsal import trainjob
+
+        return trainjob.to_jobset(yaml.safe_load(out), trainjob.shipped_runtimes()).jobset
     return yaml.safe_load(out)
 
 
@@ -630,15 +652,15 @@ def kubectl_line_errors(line: KubectlLine) -> list[str]:
     jobs = {pod["job"] for pod in identities}
     if verb == "apply":
         target = option_value(rest, "-f", "--filename")
-        if target and not re.match(r"[a-z]+://", target) and target not in line.written:
-            errors.append(f"applies {target}, which no command before it on the page writes")
+        if target and not re.match(r"[a-z]+://", target) and target not in line.written and not (REPO / target).exists():
+            errors.append(f"applies {target}, which no command before it on the page writes and the repository lacks")
         return errors
     if manifest is None:
         return [f"kubectl {verb} names the JobSet's objects, but no `submit_job.py jobset` command comes before it on the page"]
-    if verb == "get" and rest[:1] == ["jobset"]:
+    if verb == "get" and rest[:1] in (["jobset"], ["trainjob"]):
         names = positionals(rest, verb)[1:]
-        if names != [manifest["metadata"]["name"]]:
-            errors.append(f"gets jobset {names}, but the page's JobSet is {manifest['metadata']['name']}")
+        if names != [manifest["metadata"]["name"]]:  # a TrainJob's JobSet is named as the TrainJob
+            errors.append(f"gets {rest[0]} {names}, but the page's {rest[0]} is {manifest['metadata']['name']}")
     if verb in ("exec", "logs"):
         targets = positionals(rest, verb)
         selector = option_value(rest, "-l", "--selector")

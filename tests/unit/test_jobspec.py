@@ -52,7 +52,7 @@ def test_every_replica_resolves_to_the_requested_cluster(platform, target, name)
     (["tfjob", "--workers", "0", "--image-uri", CPU], "--workers must be at least 1"),
     (["ai-platform", "--strategy", "pss", "--ps", "1", "--evaluator", "--image-uri", CPU], "an AI Platform evaluator needs --evaluator-image-uri"),
     (["jobset", "--strategy", "pss", "--workers", "2", "--image-uri", CPU], "--strategy pss needs at least one parameter server"),
-    (["tfjob", "--queue", "team-a", "--image-uri", CPU], "--queue is for the jobset target"),
+    (["tfjob", "--queue", "team-a", "--image-uri", CPU], "--queue is for the jobset and trainjob targets"),
 ])
 def test_inconsistent_requests_exit_2_with_one_line(argv, message):
     result = run_main(submit_job.main, *argv, "--dry-run")

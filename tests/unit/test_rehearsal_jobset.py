@@ -403,6 +403,7 @@ def test_depends_on_complete_waits_for_the_dependency_to_succeed():
      "failurePolicy.restartStrategy InPlaceRestart: JobSet's webhook refuses it"),
     (lambda js: js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"].update(restartPolicy="Always"),
      "replicatedJob main: restartPolicy Always: a Job's pods take Never or OnFailure"),
+    (lambda js: js["spec"].update(suspend=True), "spec.suspend is true: the JobSet's pods start only once it is resumed"),
 ])
 def test_what_the_webhook_or_kubernetes_refuses_is_refused_before_anything_runs(change, message):
     manifest = ordered()

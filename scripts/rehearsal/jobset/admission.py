@@ -56,6 +56,11 @@ def job_defaults(job_spec: dict) -> None:
 
 def _validate(manifest: dict) -> None:
     spec = manifest["spec"]
+    if spec.get("suspend"):
+        # A suspended JobSet's Jobs are created suspended, and none of its pods runs until something
+        # (Kueue, on admission) sets suspend to false: there is nothing to rehearse until then.
+        raise RehearsalError("spec.suspend is true: the JobSet's pods start only once it is resumed (Kueue resumes "
+                             "what it admits); the rehearsal runs a JobSet that is not suspended")
     rjobs = spec["replicatedJobs"]
     names = [rjob["name"] for rjob in rjobs]
     if rjobs[0].get("dependsOn"):

@@ -17,7 +17,7 @@ from scripts.rehearsal.jobset.failure_policy import (BACKOFF_MESSAGE, DEADLINE_M
                                                      pod_failure_message)
 from scripts.rehearsal.jobset.identity import pod_identities, random_suffix
 from scripts.rehearsal.jobset.manifest import not_emulated
-from scripts.rehearsal.jobset.pods import Pod, pod_of, pods_of
+from scripts.rehearsal.jobset.pods import ALL_BUCKETS, Pod, pod_of, pods_of
 from scripts.rehearsal.jobset.probes import READINESS, STARTUP, ContainerProbes, Probe
 from scripts.rehearsal.runner import (PREFIX, Container, Fault, Outcome, Output, RehearsalError, Restart, Run, Session,
                                       drive, parse_fault)
@@ -50,11 +50,23 @@ class Job:
         return self.spec["template"]["spec"]["restartPolicy"]
 
 
+@dataclasses.dataclass(frozen=True)
+class OwnerDeadline:
+    """A time limit on the whole JobSet kept by the object that owns it (a TrainJob's
+    activeDeadlineSeconds): once passed, the owner deletes the JobSet, and its pods stop."""
+
+    seconds: float
+    message: str  # the job's end, as the owner states it
+
+
 class JobSetRules:
     """One JobSet from its creation to its end, with JobSet's and Kubernetes' rules."""
 
-    def __init__(self, manifest: dict, output: Output, *, network: str, bucket_directory=None):
+    def __init__(self, manifest: dict, output: Output, *, network: str, bucket_directory=None,
+                 owner_deadline: OwnerDeadline | None = None):
         self.manifest = admitted(manifest)
+        self.owner_deadline = owner_deadline
+        self.created = time.monotonic()
         self.output, self.network = output, network
         self.bucket_directory = bucket_directory  # gs:// bucket -> its files here, for CSI volumes
         spec = self.manifest["spec"]
@@ -79,6 +91,11 @@ class JobSetRules:
         for source, path, read_only in pod.mounts:
             if source is None:
                 volume = path  # an anonymous volume of this container alone
+            elif source == f"gs://{ALL_BUCKETS}":
+                directory = self.every_bucket()
+                if directory is None:
+                    continue
+                volume = f"{directory}:{path}"
             elif source.startswith("gs://"):
                 if self.bucket_directory is None:
                     raise RehearsalError(f"pod {pod.hostname}: a Cloud Storage FUSE volume needs the local Cloud Storage "
@@ -91,6 +108,21 @@ class JobSetRules:
                          command=tuple(pod.command), args=tuple(pod.args), env=pod.env, aliases=pod.aliases,
                          volumes=tuple(volumes), labels={"jobset.sigs.k8s.io/restart-attempt": str(self.restarts)},
                          gpus=pod.gpus > 0, grace=pod.grace)
+
+    def every_bucket(self):
+        """The directory of every local bucket, for a dynamic Cloud Storage FUSE mount (bucketName
+        "_"); None, said once, where there is none (--real-gcs, or no FUSE on this machine): the pods
+        then reach Cloud Storage through gs:// alone."""
+        if not hasattr(self, "_every_bucket"):
+            try:
+                self._every_bucket = self.bucket_directory(ALL_BUCKETS) if self.bucket_directory else None
+            except RehearsalError as error:
+                self._every_bucket = None
+                self.output.note(str(error), "WARNING")
+            if self._every_bucket is None:
+                self.output.note("the pods' Cloud Storage FUSE volume of every bucket (bucketName \"_\") is left out: "
+                                 "/gcs/ is empty in them, gs:// works", "WARNING")
+        return self._every_bucket
 
     def new_pod(self, run: Run, hostname: str) -> None:
         """The Job creates a pod for `hostname`: a new name, this attempt's labels."""
@@ -313,6 +345,8 @@ class JobSetRules:
                           "stay active until deleted")
 
     def tick(self, run: Run, now: float):
+        if self.owner_deadline is not None and now - self.created > self.owner_deadline.seconds:
+            return Outcome(DEADLINE_EXIT, self.owner_deadline.message)
         for when, hostname in [p for p in self.pending if p[0] <= now]:
             self.pending.remove((when, hostname))
             run.launch(run.last[hostname], fresh=False)  # the same container again: the same pod
@@ -342,11 +376,13 @@ def check(manifest: dict, faults=()) -> None:
             raise RehearsalError(f"--preempt {fault.replica}: the JobSet has no such pod ({', '.join(sorted(hostnames))})")
 
 
-def run(session: Session, manifest: dict, run_id: str, faults=(), bucket_directory=None) -> int:
+def run(session: Session, manifest: dict, run_id: str, faults=(), bucket_directory=None,
+        owner_deadline: OwnerDeadline | None = None) -> int:
     """Runs the JobSet; returns the rehearsal's exit code."""
     check(manifest, faults)
     network = f"{PREFIX}{run_id}"
-    rules = JobSetRules(manifest, session.output, network=network, bucket_directory=bucket_directory)
+    rules = JobSetRules(manifest, session.output, network=network, bucket_directory=bucket_directory,
+                        owner_deadline=owner_deadline)
     session.output.note(f"JobSet {rules.name}: {len(rules.pods)} pods on this machine")
     session.output.note(not_emulated(manifest))
     job = Run(session, network, hosts=rules.hosts())

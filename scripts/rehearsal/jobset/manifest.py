@@ -20,7 +20,7 @@ EMULATED = {
     "metadata": {"name": fields.ALL, "namespace": fields.ALL},
     "spec": {
         "network": fields.ALL, "successPolicy": fields.ALL, "failurePolicy": fields.ALL, "coordinator": fields.ALL,
-        "startupPolicy": fields.ALL,
+        "startupPolicy": fields.ALL, "suspend": fields.ALL,
         "replicatedJobs": [{
             "name": fields.ALL, "replicas": fields.ALL, "groupName": fields.ALL, "dependsOn": fields.ALL,
             "template": {"metadata": fields.ALL, "spec": {

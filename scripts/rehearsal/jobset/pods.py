@@ -17,6 +17,7 @@ from scripts.rehearsal.storage import BUCKET_NAME
 DEFAULT_GRACE_SECONDS = 30  # a pod's default terminationGracePeriodSeconds
 
 GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"  # GKE's Cloud Storage FUSE CSI driver
+ALL_BUCKETS = "_"  # the driver's bucketName for dynamic mounting
 
 
 def jobset_pods(manifest: dict, restart_attempt: int = 0, suffix: Callable[[str], str] = stable_suffix) -> list[dict]:
@@ -54,7 +55,7 @@ class Pod:
     env: dict[str, str]
     container: str  # the container's name in the pod template
     # (source, mount path, read only): a persistentVolumeClaim's claim name, None for an emptyDir,
-    # gs://BUCKET for a Cloud Storage FUSE CSI volume.
+    # gs://BUCKET for a Cloud Storage FUSE CSI volume (gs://_ for every bucket).
     mounts: list[tuple[str | None, str, bool]]
     gpus: int
     grace: int  # terminationGracePeriodSeconds
@@ -101,7 +102,9 @@ def _mounts(pod_spec: dict, container: dict, where: str) -> list[tuple[str | Non
             source = None
         elif (volume.get("csi") or {}).get("driver") == GCS_FUSE_DRIVER:
             bucket = (volume["csi"].get("volumeAttributes") or {}).get("bucketName", "")
-            if not re.fullmatch(BUCKET_NAME, bucket):
+            # "_" is the driver's dynamic mounting: every bucket the pod's service account can read,
+            # each a directory of the mount (gcs-fuse-csi-driver docs/usage.md).
+            if bucket != ALL_BUCKETS and not re.fullmatch(BUCKET_NAME, bucket):
                 raise RehearsalError(f"{where}: volume {mount['name']}: volumeAttributes.bucketName {bucket!r} is not a bucket name")
             source = f"gs://{bucket}"
         else:
