@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the build this trigger starts (its config, its substitutions, its commit)")
     parser.add_argument("--branch", help="with --trigger: the branch it builds (default the trigger's)")
     parser.add_argument("--sha", help="with --trigger: the commit it builds (default HEAD)")
-    parser.add_argument("--project", default=os.environ.get("CLOUDSDK_CORE_PROJECT") or "local-project",
+    parser.add_argument("--project", default=os.environ.get("CLOUDSDK_CORE_PROJECT") or builds.LOCAL_PROJECT,
                         help="PROJECT_ID (default $CLOUDSDK_CORE_PROJECT, else local-project)")
     parser.add_argument("--region", default="global", help="LOCATION (default global, as gcloud's default pool)")
     parser.add_argument("--vulnerabilities", metavar="FILE",

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from helpers import BUDGETS, REPO
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 IMAGES = ("tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "cassava-trainer-gpu", "tf-predictor-cpu")
 PROJECT = "local-project"
+# What an interrupted build may take to stop its steps (their 10 s grace) and remove what it made.
+STOP_WAIT_SECONDS = 180
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +44,34 @@ def built_images(runtime_cpu_image, runtime_gpu_image, cpu_image, gpu_image, ser
     return (runtime_cpu_image, runtime_gpu_image, cpu_image, gpu_image, serving_image)
 
 
+def start(*args: str, cwd=REPO) -> subprocess.Popen:
+    script = "scripts/submit_build.py" if cwd == REPO else str(REPO / "scripts" / "submit_build.py")
+    return subprocess.Popen([PYTHON, script, "local", *args], cwd=cwd, env=user_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_in_order(process: subprocess.Popen) -> None:
+    """SIGTERM, the rehearsal's orderly stop (its steps removed, its services closed), and SIGKILL
+    only if that never ends: a SIGKILL first, as subprocess.run's timeout sends, leaves the build's
+    containers, network, volume and scratch directory behind for every later rehearsal test."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.communicate(timeout=STOP_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
 def submit(*args: str, cwd=REPO, timeout: float = 3000) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    result = subprocess.run([PYTHON, "scripts/submit_build.py" if cwd == REPO else str(REPO / "scripts" / "submit_build.py"),
-                             "local", *args], cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=timeout)
-    return result, time.monotonic() - started
+    process = start(*args, cwd=cwd)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:  # its own timeout, pytest-timeout's, a Ctrl-C of the test run
+        stop_in_order(process)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), time.monotonic() - started
 
 
 def step_lines(output: str, step_id: str) -> list[str]:
@@ -200,3 +227,89 @@ def test_a_step_past_its_timeout_ends_the_build_with_124(base_image, tmp_path):
     result, _ = submit(".", cwd=tmp_path, timeout=600)
     assert result.returncode == 124, result.stdout[-3000:] + result.stderr[-2000:]
     assert 'ERROR: build step 0 "python:3.11.17-slim-trixie" failed: context deadline exceeded' in result.stdout
+
+
+class Lines:
+    """A running build's output, read as it comes."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(process.stdout), daemon=True)
+        self.reader.start()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = next((m for m in map(re.compile(pattern).search, list(self.lines)) if m), None)
+            if found:
+                return found
+            if not self.reader.is_alive():
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line matches {pattern!r}:\n" + "".join(self.lines[-60:]))
+
+
+def made_by_the_build(engine, network: str, pid: int) -> dict[str, list[str]]:
+    """What one build has on this machine: its steps' containers, its network, its volumes, the
+    processes it started (the registry, the engine's API service) and its scratch directory."""
+    tool, env = engine
+
+    def names(*listing: str) -> list[str]:
+        out = subprocess.run([tool, *listing], env=env, capture_output=True, text=True, timeout=120).stdout
+        return sorted(name for name in out.split() if name.startswith(network))
+
+    children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    services = [line.split() for line in children.splitlines() if "/rehearsal-cloudbuild-" in line]
+    return {"containers": names("ps", "-a", "--format", "{{.Names}}"),
+            "networks": names("network", "ls", "--format", "{{.Name}}"),
+            "volumes": names("volume", "ls", "--format", "{{.Name}}"),
+            "processes": sorted(f"{words[0]} {words[1].rsplit('/', 1)[-1]}" for words in services),
+            "directories": sorted(set(re.findall(r"/tmp/rehearsal-cloudbuild-[^/\s]+", children)))}
+
+
+def alive(pid: str) -> bool:
+    try:
+        return (Path("/proc") / pid / "stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")], ids=["sigterm", "sigint-then-sigint-while-stopping"])
+def test_a_build_stopped_by_a_signal_gives_its_step_its_grace_and_leaves_nothing_behind(base_image, tmp_path, engine,
+                                                                                          signals):
+    """SIGTERM (a CI runner's cancel) or Ctrl-C, once its step runs: the step gets SIGTERM and its
+    grace, and the build's container, network, `-home` volume, registry, engine API service and
+    scratch directory are all gone when it ends, 130. A second Ctrl-C while the step is stopping
+    does not cut that short."""
+    step = "trap 'echo stopping; exit 143' TERM; echo up; sleep 600 & wait"
+    config = {"steps": [{"id": "sleepy", "name": "python:3.11.17-slim-trixie", "entrypoint": "bash", "args": ["-c", step]}]}
+    (tmp_path / "cloudbuild.yaml").write_text(yaml.safe_dump(config))
+    process = start(".", cwd=tmp_path)
+    try:
+        output = Lines(process)
+        build_id = output.wait_for(r"^rehearsal: build ([0-9a-f-]{36}): ", timeout=900).group(1)
+        output.wait_for(r'^Step #0 - "sleepy": up$', timeout=600)
+        network = f"rehearsal-cloudbuild-{build_id[:8]}"
+        made = made_by_the_build(engine, network, process.pid)
+        assert made["containers"] == [f"{network}-step-0"] and made["networks"] == [network], made
+        assert made["volumes"] == [f"{network}-home"], made
+        assert sorted(p.split()[1] for p in made["processes"]) == ["docker-registry", "podman"], made
+        assert len(made["directories"]) == 1 and Path(made["directories"][0]).is_dir(), made
+
+        process.send_signal(getattr(signal, signals[0]))
+        for again in signals[1:]:
+            output.wait_for(r'^Step #0 - "sleepy": stopping$', timeout=300)
+            process.send_signal(getattr(signal, again))
+        assert process.wait(timeout=STOP_WAIT_SECONDS) == 130, "".join(output.lines[-40:]) + process.stderr.read()
+        output.reader.join(timeout=30)
+    finally:
+        stop_in_order(process)
+    said = "".join(output.lines)
+    assert re.search(r'^Step #0 - "sleepy": stopping$', said, re.M), said[-3000:]  # SIGTERM, not SIGKILL
+    assert "rehearsal: interrupted: stopping and removing the build's steps" in said
+    assert "DONE" not in said.split()
+    gone = made_by_the_build(engine, network, process.pid)
+    assert (gone["containers"], gone["networks"], gone["volumes"]) == ([], [], []), gone
+    assert [p for p in made["processes"] if alive(p.split()[0])] == []
+    assert [d for d in made["directories"] if Path(d).exists()] == []
+    assert leftovers(engine) == []

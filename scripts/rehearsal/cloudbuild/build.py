@@ -24,9 +24,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 import uuid
@@ -38,8 +40,8 @@ from scripts.rehearsal.cloudbuild.log import BuildLog
 from scripts.rehearsal.cloudbuild.registry import REGISTRY_HOST, ArtifactRegistry, RegistryError
 from scripts.rehearsal.cloudbuild.steps import BuildRules, StepRun
 from scripts.rehearsal.runner import PREFIX, RehearsalError, Session, drive
-from scripts.rehearsal.session import _interrupt_on_signals
 
+LOCAL_PROJECT = "local-project"  # PROJECT_ID when none is given
 LOCAL_PROJECT_NUMBER = "000000000000"
 STATE_IN_STEP = "/var/lib/cloudbuild-standin"
 
@@ -52,7 +54,7 @@ class Options:
     trigger: str | None = None  # a BuildTrigger file: run the build it starts
     branch: str | None = None
     sha: str | None = None
-    project: str = "local-project"
+    project: str = LOCAL_PROJECT
     region: str = "global"
     vulnerabilities: str | None = None
     keep: str | None = None  # DIR/registry (the registry's storage, reused) and DIR/standin (scans, SBOM loads)
@@ -167,15 +169,21 @@ class EngineService:
         env = {**os.environ, **settings.environ, "CONTAINERS_CONF": str(conf), **extra}
         self.process = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{self.socket}"],
                                         stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env=env, cwd="/")
+        try:
+            self._wait_until_it_answers()
+        except BaseException:  # an interrupt while it starts, too: the caller has no service to close
+            self.close()
+            raise
+
+    def _wait_until_it_answers(self) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
                 if api(self.socket, "GET", "/_ping", timeout=2)[0] == 200:
-                    break
+                    return
             except OSError:
                 pass
             if time.monotonic() > deadline or self.process.poll() is not None:
-                self.close()
                 raise RehearsalError(f"the engine's API service did not start; see {self.log}")
             time.sleep(0.2)
 
@@ -234,29 +242,36 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
         log.note(f"ALLOW_LOOSE: {warning}", "WARNING")
     unknown = configs.not_emulated(submitted.document)
     log.note("not emulated: " + ("; ".join(unknown) if unknown else "nothing else the config asks"))
-    try:
-        base = standins.standin_base(environ)
-        chosen = standins.plan((step.name for step in build.steps),
-                               lambda image: engine.run("image", "exists", image).returncode == 0)
-        log.note(standins.line(chosen, base))
-        images = standins.ensure(chosen, base, engine, environ, log.note)
-    except standins.StandInError as error:
-        raise RehearsalError(str(error)) from None
-
-    scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}cloudbuild-"))
-    kept = Path(options.keep).resolve() if options.keep else None
-    state = (kept or scratch) / "standin"
-    state.mkdir(parents=True, exist_ok=True)
-    if options.vulnerabilities:
-        shutil.copy(options.vulnerabilities, state / "vulnerabilities.json")
-    else:
-        (state / "vulnerabilities.json").unlink(missing_ok=True)
-    registry = ArtifactRegistry((kept or scratch) / "registry", log.note)
+    # From here on, Ctrl-C and SIGTERM (a CI runner's cancel, `kill`) are an orderly stop: the steps
+    # get their grace, then everything the build made is removed (session.py's rule for every rehearsal).
+    previous = _stop_on_signals()
+    scratch: Path | None = None
+    registry: ArtifactRegistry | None = None
     session = Session(engine, log)
     service = None
     before: set[str] = set()
-    previous = _interrupt_on_signals()
     try:
+        try:
+            base = standins.standin_base(environ)
+            chosen = standins.plan((step.name for step in build.steps),
+                                   lambda image: engine.run("image", "exists", image).returncode == 0)
+            log.note(standins.line(chosen, base))
+            images = standins.ensure(chosen, base, engine, environ, log.note)
+        except standins.StandInError as error:
+            raise RehearsalError(str(error)) from None
+        scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}cloudbuild-"))
+        kept = Path(options.keep).resolve() if options.keep else None
+        state = (kept or scratch) / "standin"
+        state.mkdir(parents=True, exist_ok=True)
+        if options.vulnerabilities:
+            shutil.copy(options.vulnerabilities, state / "vulnerabilities.json")
+        else:
+            (state / "vulnerabilities.json").unlink(missing_ok=True)
+        # The registry's own files (its config, certificates, key) stay in the scratch directory, so
+        # its process names the rehearsal's directory (leftovers() finds it by that); only its
+        # storage goes to --keep.
+        registry = ArtifactRegistry(scratch / "registry", log.note,
+                                    storage=(kept / "registry" / "storage") if kept else None)
         files = copy_workspace(submitted, scratch / "workspace", log)
         log.note(f"build {submitted.build_id}: {files} files of {submitted.source} in /workspace"
                  + (f" (commit {submitted.commit})" if submitted.commit else ""))
@@ -297,19 +312,42 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
     except RegistryError as error:
         raise RehearsalError(str(error)) from None
     finally:
+        if previous is not None:  # a second Ctrl-C or SIGTERM must not cut the cleanup short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         session.cancel()
         session.remove_all()
         if service is not None:
             service.close()
-        registry.close()
+        if registry is not None:
+            registry.close()
         for name in sorted(image_names(engine) - before) if before else ():
-            engine("untag", name, name, check=False)
-        shutil.rmtree(scratch, ignore_errors=True)
+            engine("untag", name, name, check=False)  # the build's own tags (REGION-docker.pkg.dev/...) go with it
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         if previous is not None:
-            import signal
-
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _stop_on_signals() -> dict | None:
+    """The first Ctrl-C or SIGTERM raises KeyboardInterrupt in the build's thread: an orderly stop,
+    each step given its grace, then everything removed. Any later one is ignored, so a second Ctrl-C
+    or a CI runner's repeated SIGTERM cannot cut that cleanup short (session.py's rule, applied from
+    the first signal on). Returns the handlers to restore; None off the main thread, where signals
+    never arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(*_) -> None:
+        for signum in previous:
+            signal.signal(signum, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for signum in previous:
+        signal.signal(signum, stop)
+    return previous
 
 
 def _standin_env(chosen, images, base, options) -> dict[str, dict[str, str]]:

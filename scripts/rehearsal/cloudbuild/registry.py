@@ -154,8 +154,11 @@ def _copy(source: socket.socket, target: socket.socket) -> None:
 class ArtifactRegistry:
     """docker-registry and its front, started together, stopped together."""
 
-    def __init__(self, directory: Path, note=lambda line: None):
+    def __init__(self, directory: Path, note=lambda line: None, storage: Path | None = None):
+        """Its config, certificates, key and log in `directory`; the images in `storage` (default
+        directory/storage), which a later registry may reuse."""
         self.directory, self.note = directory, note
+        self.storage = storage or directory / "storage"
         self.process: subprocess.Popen | None = None
         self.front: _Front | None = None
         self.port = 0
@@ -171,7 +174,7 @@ class ArtifactRegistry:
         config = self.directory / "registry.yml"
         config.write_text(json.dumps({
             "version": 0.1, "log": {"level": "error", "accesslog": {"disabled": True}},
-            "storage": {"filesystem": {"rootdirectory": str(self.directory / "storage")}, "delete": {"enabled": True}},
+            "storage": {"filesystem": {"rootdirectory": str(self.storage)}, "delete": {"enabled": True}},
             "http": {"addr": f"127.0.0.1:{self.port}", "tls": {"certificate": str(certificate), "key": str(key)}}}))
         log = open(self.directory / "registry.log", "wb")
         self.process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
