@@ -44,10 +44,10 @@ def built_images(runtime_cpu_image, runtime_gpu_image, cpu_image, gpu_image, ser
     return (runtime_cpu_image, runtime_gpu_image, cpu_image, gpu_image, serving_image)
 
 
-def start(*args: str, cwd=REPO) -> subprocess.Popen:
+def start(*args: str, cwd=REPO, command: list[str] | None = None) -> subprocess.Popen:
     script = "scripts/submit_build.py" if cwd == REPO else str(REPO / "scripts" / "submit_build.py")
-    return subprocess.Popen([PYTHON, script, "local", *args], cwd=cwd, env=user_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command or [PYTHON, script, "local", *args], cwd=cwd, env=user_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def stop_in_order(process: subprocess.Popen) -> None:
@@ -63,9 +63,10 @@ def stop_in_order(process: subprocess.Popen) -> None:
             process.communicate()
 
 
-def submit(*args: str, cwd=REPO, timeout: float = 3000) -> tuple[subprocess.CompletedProcess, float]:
+def submit(*args: str, cwd=REPO, timeout: float = 3000, command: list[str] | None = None
+           ) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    process = start(*args, cwd=cwd)
+    process = start(*args, cwd=cwd, command=command)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except BaseException:  # its own timeout, pytest-timeout's, a Ctrl-C of the test run
@@ -96,10 +97,12 @@ def sbom_loads(kept: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def readme_submit() -> list[str]:
-    """The README's Cloud Build command, its words after `gcloud builds submit`."""
-    line = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("gcloud builds submit "))
-    return shlex.split(line)[3:]
+def readme_cloud_build() -> tuple[str, str]:
+    """The README's two Cloud Build lines: `gcloud builds submit ...`, and the rehearsal of it."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    gcloud = next(line for line in lines if line.startswith("gcloud builds submit "))
+    rehearsal = next(line for line in lines if re.match(r"\S*python3? scripts/submit_build\.py local ", line))
+    return gcloud, rehearsal
 
 
 def assert_pushed_with_sboms(kept: Path, repository: str, tag: str) -> None:
@@ -113,9 +116,12 @@ def assert_pushed_with_sboms(kept: Path, repository: str, tag: str) -> None:
 
 
 def test_the_readmes_submit_command_as_written_pushes_the_five_images_under_the_builds_tag(built_images, kept, engine):
-    """`gcloud builds submit` as the README gives it, each flag as written, plus --keep to read the
-    registry after: every image under build-BUILD_ID and latest, each pushed digest with both its SBOMs."""
-    result, seconds = submit(*readme_submit(), "--keep", str(kept))
+    """The README's rehearsal line, run as written in a user's shell, plus --keep to read the registry
+    after; its flags are the README's `gcloud builds submit` line's, word for word: every image under
+    build-BUILD_ID and latest, each pushed digest with both its SBOMs."""
+    gcloud, rehearsal = readme_cloud_build()
+    assert shlex.split(rehearsal)[3:] == shlex.split(gcloud)[3:], (gcloud, rehearsal)
+    result, seconds = submit(command=["bash", "-euo", "pipefail", "-c", f"{rehearsal} --keep {shlex.quote(str(kept))}"])
     BUDGETS.append(f"the README's Cloud Build, rehearsed on the fixtures' layers: {seconds:.0f}s")
     output = result.stdout
     assert result.returncode == 0, output[-4000:] + result.stderr[-2000:]
