@@ -1,8 +1,9 @@
 """One rehearsal from start to end, whatever the platform: `rehearse` checks the options, and
 `run_session` finds the engine, starts Cloud Storage (storage.py), hands the spec to the
 platform's rules (vertex.py, jobset/, trainjob/, endpoint.py) over the runner (runner.py), copies the
-buckets out, and removes everything it made, also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
-runner's cancel, `kill`) both stop every container with its grace, then clean up.
+buckets out, and removes everything it made, also when it is interrupted. Signals are handled here
+and nowhere else (a Cloud Build rehearsal takes `stop_on_signals` from here): Ctrl-C and SIGTERM
+(a CI runner's cancel, `kill`) both stop every container with its grace, then clean up.
 
 `leftovers` lists what a rehearsal left on this machine: every test of the rehearsal asserts it
 is empty after its run.
@@ -128,6 +129,26 @@ def _interrupt_on_signals() -> dict | None:
 
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
+
+
+def stop_on_signals() -> dict | None:
+    """The first Ctrl-C or SIGTERM raises KeyboardInterrupt in the main thread: an orderly stop,
+    each container given its grace, then everything removed (a Cloud Build rehearsal's). Any later one is ignored, so a second Ctrl-C
+    or a CI runner's repeated SIGTERM cannot cut that cleanup short (run_session's rule, applied from
+    the first signal on). Returns the handlers to restore; None off the main thread, where signals
+    never arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(*_) -> None:
+        for signum in previous:
+            signal.signal(signum, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for signum in previous:
+        signal.signal(signum, stop)
+    return previous
 
 
 def leftovers(engine: Engine, parent: int | None = None) -> list[str]:

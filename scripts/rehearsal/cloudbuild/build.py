@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.parse
 import uuid
@@ -40,6 +39,7 @@ from scripts.rehearsal.cloudbuild.log import BuildLog
 from scripts.rehearsal.cloudbuild.registry import REGISTRY_HOST, ArtifactRegistry, RegistryError
 from scripts.rehearsal.cloudbuild.steps import BuildRules, StepRun
 from scripts.rehearsal.runner import PREFIX, RehearsalError, Session, drive
+from scripts.rehearsal.session import stop_on_signals
 
 LOCAL_PROJECT = "local-project"  # PROJECT_ID when none is given
 LOCAL_PROJECT_NUMBER = "000000000000"
@@ -243,8 +243,8 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
     unknown = configs.not_emulated(submitted.document)
     log.note("not emulated: " + ("; ".join(unknown) if unknown else "nothing else the config asks"))
     # From here on, Ctrl-C and SIGTERM (a CI runner's cancel, `kill`) are an orderly stop: the steps
-    # get their grace, then everything the build made is removed (session.py's rule for every rehearsal).
-    previous = _stop_on_signals()
+    # get their grace, then everything the build made is removed (as session.py does for every rehearsal).
+    previous = stop_on_signals()
     scratch: Path | None = None
     registry: ArtifactRegistry | None = None
     session = Session(engine, log)
@@ -328,26 +328,6 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
         if previous is not None:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-
-def _stop_on_signals() -> dict | None:
-    """The first Ctrl-C or SIGTERM raises KeyboardInterrupt in the build's thread: an orderly stop,
-    each step given its grace, then everything removed. Any later one is ignored, so a second Ctrl-C
-    or a CI runner's repeated SIGTERM cannot cut that cleanup short (session.py's rule, applied from
-    the first signal on). Returns the handlers to restore; None off the main thread, where signals
-    never arrive."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-    def stop(*_) -> None:
-        for signum in previous:
-            signal.signal(signum, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    for signum in previous:
-        signal.signal(signum, stop)
-    return previous
 
 
 def _standin_env(chosen, images, base, options) -> dict[str, dict[str, str]]:
