@@ -267,8 +267,14 @@ class _LingeringClose:
         if not self._transport.can_write_eof():
             self._transport.close()
             return
+        try:
+            self._transport.write_eof()  # after what is buffered: the answer goes out whole
+        except OSError:
+            # The client reset or half-closed the connection first (ENOTCONN, EPIPE): there is no
+            # one left to send the answer to, nor bytes of theirs to drain.
+            self._transport.close()
+            return
         self.lingering = True
-        self._transport.write_eof()  # after what is buffered: the answer goes out whole
         self._transport.resume_reading()
         self._timer = self._loop.call_later(self._seconds, self.abort_lingering)
 

@@ -32,12 +32,28 @@ def engine_settings() -> dict[str, str]:
     return {"ENGINE": chosen.engine, "IMAGES_WORK": chosen.images_work, **chosen.environ}
 
 
+# What earlier rehearsals had left on this machine before this run's first one (note_earlier_leftovers):
+# not this run's doing, so not its tests' failure.
+EARLIER: set[str] = set()
+
+
+def note_earlier_leftovers(engine) -> list[str]:
+    """Notes what rehearsals outside this run left (a killed run of another checkout on a shared
+    machine, say), before this run makes any: leftovers() leaves them out from then on. Called once
+    per worker when its engine fixture is made, which is before that worker's first rehearsal; the
+    rehearsals all run in one worker (tests/parallel.py's engine unit)."""
+    found = leftovers(engine)
+    EARLIER.update(found)
+    return found
+
+
 def leftovers(engine) -> list[str]:
-    """What a rehearsal left on this machine (scripts/rehearsal/session.py says what it looks for);
-    every rehearsal test asserts it is empty. The test run's own servers are not counted: this
-    process's children, and those of the run's other workers (the integration tier's, running beside
-    this test: helpers.run_processes). A server a rehearsal left behind outlived its runner, and so
-    belongs to init, not to the run."""
+    """What a rehearsal of this run left on this machine (scripts/rehearsal/session.py says what it
+    looks for); every rehearsal test asserts it is empty. The test run's own servers are not
+    counted: this process's children, and those of the run's other workers (the integration tier's,
+    running beside this test: helpers.run_processes). A server a rehearsal left behind outlived its
+    runner, and so belongs to init, not to the run. What was there before the run's first rehearsal
+    (EARLIER) is not counted either."""
     import os
     import subprocess
 
@@ -51,7 +67,7 @@ def leftovers(engine) -> list[str]:
     outside = {f"process {args}" for pid, args in (line.split(None, 1) for line in listing if len(line.split(None, 1)) == 2)
                if int(pid) not in ours}
     # A process the first listing named is left over if one like it still runs outside the run.
-    return [entry for entry in left if not entry.startswith("process ") or entry in outside]
+    return [entry for entry in left if (not entry.startswith("process ") or entry in outside) and entry not in EARLIER]
 
 
 def user_env(**extra) -> dict:

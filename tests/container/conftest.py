@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from containers import build_env, engine_settings, image_env, sh
+from containers import build_env, engine_settings, image_env, note_earlier_leftovers, sh
 from helpers import BUDGETS
 from parallel import locked
 
@@ -52,7 +53,12 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def engine():
     settings = engine_settings()
-    return settings["ENGINE"], image_env(**{k: v for k, v in settings.items() if k != "ENGINE"})
+    chosen = settings["ENGINE"], image_env(**{k: v for k, v in settings.items() if k != "ENGINE"})
+    earlier = note_earlier_leftovers(chosen)
+    if earlier:
+        warnings.warn(f"{len(earlier)} things earlier rehearsals left on this machine are not this run's, "
+                      f"and its leftover checks leave them out: {', '.join(sorted(earlier)[:5])}")
+    return chosen
 
 
 @pytest.fixture(scope="session")

@@ -77,10 +77,13 @@ def test_every_integration_and_container_test_has_a_recorded_duration_and_no_gon
     assert sorted(listed - known) == [], "tests/durations.json lists tests that are gone"
 
 
-def test_the_unit_tests_it_lists_exist():
-    listed = {nodeid for nodeid in timings.recorded() if parallel.tier_of(nodeid) == "unit"}
+def test_the_unit_modules_it_lists_exist():
+    """Unit figures are checked by module, not by id: a unit test's id may carry a document's line
+    (tests/unit/test_docs.py's commands), which moves whenever the document grows, while its
+    milliseconds stay the same."""
+    listed = {nodeid.split("::")[0] for nodeid in timings.recorded() if parallel.tier_of(nodeid) == "unit"}
     assert listed, "tests/durations.json lists no unit test: the unit budget would read nothing"
-    assert sorted(listed - collected("unit")) == []
+    assert sorted(listed - {nodeid.split("::")[0] for nodeid in collected("unit")}) == []
 
 
 def test_each_tier_fits_its_budget():
