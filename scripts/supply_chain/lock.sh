@@ -159,6 +159,30 @@ if cpu != gpu:
 PY
 rm "$root/images/cassava/gpu-check.lock"
 
+# The images install wheels only (--only-binary=:all:): a package PyPI publishes only as a source
+# distribution is pinned, in the images' locks, by the hash of the wheel built once from it
+# (images/wheels/, scripts/supply_chain/build_wheel.sh), which the images install from there.
+python3 - "$root" images/cpu/requirements.lock images/gpu/requirements.lock images/cassava/requirements.lock \
+    images/serving/requirements.lock <<'PY'
+import glob, hashlib, os, re, sys
+root, locks = sys.argv[1], sys.argv[2:]
+wheels = {}
+for path in glob.glob("images/wheels/*.whl"):
+    name, version = os.path.basename(path).split("-")[:2]
+    wheels[(re.sub(r"[-_.]+", "-", name).lower(), version)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+for lock in locks:
+    path = os.path.join(root, lock)
+    text = open(path).read()
+    def pin(match):
+        key = (re.sub(r"[-_.]+", "-", match.group(1)).lower(), match.group(2))
+        if key not in wheels:
+            return match.group(0)
+        return (f"{match.group(1)}=={match.group(2)} \\\n    --hash=sha256:{wheels[key]}\n"
+                "    # the wheel built once from its sdist: images/wheels/ (scripts/supply_chain/build_wheel.sh)\n")
+    text = re.sub(r"^([A-Za-z0-9._-]+)==(\S+) \\\n(?:    --hash=sha256:\w+(?: \\)?\n)+", pin, text, flags=re.M)
+    open(path, "w").write(text)
+PY
+
 # Lists of their own: the venvs' pip, Cloud Build's tools, the SBOM generators every image runs during its build (and
 # then deletes), and Vertex AI's prebuilt prediction runtime's TensorFlow for the serving tests.
 standalone images/pip.in images/pip.lock

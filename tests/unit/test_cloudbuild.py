@@ -1,21 +1,26 @@
 """cloudbuild.yaml against Cloud Build's own schema, its step graph (nothing pushed before every gate
-has passed, the moving tag only on a complete build), and the repo it builds; the triggers."""
+has passed, the moving tag only on a complete build), its substitutions as Cloud Build applies them
+(every image tagged, by hand and by a trigger), and the repo it builds; the triggers. The container
+tier runs it (tests/container/test_cloudbuild_rehearsal.py)."""
 
 import copy
 import json
 import re
-import subprocess
+import shlex
 
 import pytest
 import yaml
 
-from helpers import REPO
+from helpers import REPO, run_main
+from scripts.rehearsal.cloudbuild import config as build_config, substitutions as subst, trigger as triggers
 
 CONFIG = yaml.safe_load((REPO / "cloudbuild.yaml").read_text())
 IMAGES = ("tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "cassava-trainer-gpu", "tf-predictor-cpu")
 # What happens to each image before anything is pushed, in this order; each waits for the one before it.
 STAGES = ("build", "sbom", "scan", "scan-gate", "structure-test")
 GATES = ("scan-gate", "structure-test")
+BUILD_ID = "5e1f9c2a-8d0b-4c3e-9f6a-7b2d1e0c4a98"
+README_SUBMIT = "gcloud builds submit --config cloudbuild.yaml --substitutions=_REGION=us-central1,_REPOSITORY=trainers ."
 
 
 def steps_of(config) -> dict:
@@ -50,7 +55,7 @@ def gates_before_pushes(config) -> list[str]:
     """The reasons a config breaks the rule: every step that pushes must come after every gate, and
     a moving tag is made only by a step that comes after every other step."""
     problems, prerequisites = [], after(config)
-    gates = {s for s in prerequisites if s.startswith(tuple(f"{g}-" for g in GATES))}
+    gates = {s for s in prerequisites if s.startswith(tuple(f"{g}-" for g in GATES)) or s == "gate-policy"}
     for step_id, step in steps_of(config).items():
         text = script(step)
         if re.search(r"docker push|gcloud \S+ .*push|crane push|skopeo copy", text):
@@ -70,7 +75,7 @@ def test_loads_into_the_cloud_build_schema_with_unknown_fields_failing():
     from google.cloud.devtools import cloudbuild_v1
 
     build = cloudbuild_v1.Build.from_json(json.dumps(CONFIG), ignore_unknown_fields=False)
-    assert [step.id for step in build.steps] == ([f"{stage}-{image}" for image in IMAGES for stage in STAGES]
+    assert [step.id for step in build.steps] == (["gate-policy"] + [f"{stage}-{image}" for image in IMAGES for stage in STAGES]
                                                  + ["push", "attach-sbom", "tag-moving"])
     assert build.options.requested_verify_option == cloudbuild_v1.BuildOptions.VerifyOption.VERIFIED
     assert build.timeout.total_seconds() >= 3600
@@ -84,14 +89,14 @@ def test_loads_into_the_cloud_build_schema_with_unknown_fields_failing():
 def test_nothing_is_pushed_before_every_image_has_passed_every_gate():
     assert gates_before_pushes(CONFIG) == []
     prerequisites = after(CONFIG)
-    assert {f"{gate}-{image}" for gate in GATES for image in IMAGES} <= prerequisites["push"]
+    assert {f"{gate}-{image}" for gate in GATES for image in IMAGES} | {"gate-policy"} <= prerequisites["push"]
     assert "push" in prerequisites["attach-sbom"]
 
 
 @pytest.mark.parametrize("break_it, problem", [
     # a push right after its own image's gates, as the old file had it
     (lambda c: c["steps"].insert(5, {"id": "push-early", "name": "x", "waitFor": ["structure-test-tf-runtime-cpu"],
-                                     "args": ["-c", "docker push ${_REGISTRY}/tf-runtime-cpu:$SHORT_SHA"]}),
+                                     "args": ["-c", "docker push ${_REGISTRY}/tf-runtime-cpu:${_TAG}"]}),
      "push-early pushes before"),
     # the push step no longer waits for the GPU image's structure tests
     (lambda c: steps_of(c)["push"]["waitFor"].remove("structure-test-tf-runtime-gpu"), "push pushes before"),
@@ -110,28 +115,29 @@ def test_each_image_goes_through_every_stage_in_order_and_the_examples_build_on_
     for image in IMAGES:
         for before, stage in zip(STAGES, STAGES[1:]):
             assert steps[f"{stage}-{image}"]["waitFor"] == [f"{before}-{image}"], (stage, image)
-        local = f"${{_REGISTRY}}/{image}:$SHORT_SHA"
+        local = f"${{_REGISTRY}}/{image}:${{_TAG}}"
         assert f"-t {local} ." in script(steps[f"build-{image}"])
         assert "--build-arg OS_UPDATES=$$(date -u +%G-W%V)" in script(steps[f"build-{image}"])
         scan = script(steps[f"scan-{image}"])
         assert f"gcloud artifacts docker images scan {local} " in scan and "--remote" not in scan  # the local image
         assert f"> sbom/{image}/vulnerabilities.json" in scan
-        assert (f"scripts/supply_chain/scan_gate.py --image {image} --severity ${{_SEVERITY}} sbom/{image}/vulnerabilities.json"
+        assert (f"scripts/supply_chain/scan_gate.py --image {image} --severity ${{_SEVERITY}} --policy ${{_GATE_POLICY}} "
+                f"sbom/{image}/vulnerabilities.json"
                 in script(steps[f"scan-gate-{image}"]))
         assert f'docker cp "$$container:/opt/sbom/." sbom/{image}/' in script(steps[f"sbom-{image}"])
         assert f'--uri="$$(cat sbom/{image}/pushed)"' in script(steps["attach-sbom"])
     for device in ("cpu", "gpu"):
         build = steps[f"build-cassava-trainer-{device}"]
         assert build["waitFor"] == [f"build-tf-runtime-{device}"]
-        assert f"--build-arg BASE_IMAGE=${{_REGISTRY}}/tf-runtime-{device}:$SHORT_SHA" in script(build)
+        assert f"--build-arg BASE_IMAGE=${{_REGISTRY}}/tf-runtime-{device}:${{_TAG}}" in script(build)
     assert steps["build-tf-runtime-cpu"]["waitFor"] == steps["build-tf-runtime-gpu"]["waitFor"] == ["-"]
 
 
 def test_the_moving_tag_is_pushed_by_cloud_build_only_after_the_last_step():
     tags = CONFIG["images"]
-    assert sorted(tags) == sorted(f"${{_REGISTRY}}/{i}:{t}" for i in IMAGES for t in ("$SHORT_SHA", "${_MOVING_TAG}"))
+    assert sorted(tags) == sorted(f"${{_REGISTRY}}/{i}:{t}" for i in IMAGES for t in ("${_TAG}", "${_MOVING_TAG}"))
     moving = script(steps_of(CONFIG)["tag-moving"])
-    assert all(f"docker tag ${{_REGISTRY}}/{i}:$SHORT_SHA ${{_REGISTRY}}/{i}:${{_MOVING_TAG}}" in moving for i in IMAGES)
+    assert all(f"docker tag ${{_REGISTRY}}/{i}:${{_TAG}} ${{_REGISTRY}}/{i}:${{_MOVING_TAG}}" in moving for i in IMAGES)
     assert CONFIG["steps"][-1]["id"] == "tag-moving"
 
 
@@ -145,7 +151,7 @@ def test_no_layer_comes_from_a_mutable_tag_and_every_step_image_is_pinned_by_dig
     for step in CONFIG["steps"]:
         for line in script(step).splitlines():
             if "pip install" in line:
-                assert "--require-hashes -r images/cloudbuild-tools.lock" in line, line
+                assert "--require-hashes --only-binary=:all: -r images/cloudbuild-tools.lock" in line, line
             if "apt-get install" in line:
                 assert re.search(r"\S+=\d[\w.:~+-]*", line), line  # a version, from a signed repository
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile.cpu").read_text(), re.M).group(1)
@@ -154,28 +160,81 @@ def test_no_layer_comes_from_a_mutable_tag_and_every_step_image_is_pinned_by_dig
         assert "# syntax=" not in (REPO / dockerfile).read_text()  # BuildKit would pull a frontend by its tag
 
 
+def built(trigger_values=None, given=None, config=CONFIG):
+    values = subst.built_ins(project_id="my-project", build_id=BUILD_ID, project_number="000000000000",
+                             location="global", trigger=trigger_values)
+    return build_config.build_of(copy.deepcopy(config), given or {}, values, trigger=trigger_values is not None)
+
+
+def substituted_steps(build) -> dict:
+    return {step.id: step for step in build.steps}
+
+
 @pytest.mark.parametrize("occurrences, image, exit_code", [
     ([("CVE-2026-9999", 7.5, "MEDIUM", True)], "tf-runtime-cpu", 1),  # HIGH by its CVSS score
-    ([("CVE-2026-9999", 7.5, "MEDIUM", False)], "tf-runtime-cpu", 0),  # no fix yet
+    ([("CVE-2026-9999", 7.5, "MEDIUM", False)], "tf-runtime-cpu", 1),  # no fix yet: printed, and it fails
     ([("CVE-2026-9999", 5.0, "MEDIUM", True)], "tf-runtime-cpu", 0),  # below the threshold
-    ([("CVE-2025-23308", 7.8, "HIGH", True)], "tf-runtime-gpu", 0),  # allowlisted there
-    ([("CVE-2025-23308", 7.8, "HIGH", True)], "tf-predictor-cpu", 1),  # and only there
 ])
-def test_the_scan_gate_step_as_written_fails_the_build_on_a_fixable_high_finding(tmp_path, occurrences, image, exit_code):
-    """The gate step's own script, with the default threshold, on a canned scan result where the
-    scan step writes it."""
+def test_the_scan_gate_step_as_substituted_fails_the_build_on_a_high_finding(tmp_path, monkeypatch, occurrences, image,
+                                                                              exit_code):
+    """The gate step's own command line, as Cloud Build substitutes it for the README's build, run
+    (in this process) on a canned scan result where the scan step writes it."""
+    from scripts.supply_chain import scan_gate
     from unit.test_scan_gate import occurrence
 
-    step = steps_of(CONFIG)[f"scan-gate-{image}"]
-    text = script(step).replace("${_SEVERITY}", CONFIG["substitutions"]["_SEVERITY"])
-    text = text.replace("scripts/supply_chain/scan_gate.py", str(REPO / "scripts" / "supply_chain" / "scan_gate.py"))
+    command = substituted_steps(built(given=subst.parse_flag("_REGION=us-central1,_REPOSITORY=trainers")))[
+        f"scan-gate-{image}"].args[-1]
+    words = shlex.split(command)
+    assert words[:2] == ["python3", "scripts/supply_chain/scan_gate.py"]
     (tmp_path / "sbom" / image).mkdir(parents=True)
     (tmp_path / "sbom" / image / "vulnerabilities.json").write_text(json.dumps(
         [occurrence(cve, cvss=cvss, distribution=rating, provider=rating, fix_available=fix)
          for cve, cvss, rating, fix in occurrences]))
-    result = subprocess.run(["bash", *step["args"][:-1], text], cwd=tmp_path, capture_output=True, text=True)
+    monkeypatch.chdir(tmp_path)
+    result = run_main(scan_gate.main, *words[2:], "--allowlist", str(REPO / "images" / "scan-allowlist.toml"),
+                      "--today", "2026-11-27")
     assert result.returncode == exit_code, result.stdout + result.stderr
-    assert CONFIG["substitutions"]["_SEVERITY"] == "HIGH"
+    assert words[words.index("--severity") + 1] == "HIGH" and words[words.index("--policy") + 1] == "build"
+
+
+def test_the_readmes_submit_command_tags_every_image_with_the_builds_id():
+    """gcloud builds submit leaves SHORT_SHA empty; the README's build still names every image."""
+    readme = (REPO / "README.md").read_text()
+    assert README_SUBMIT in readme and README_SUBMIT in (REPO / "docs" / "images.md").read_text()
+    flag = re.search(r"--substitutions=(\S+)", README_SUBMIT).group(1)
+    build = built(given=subst.parse_flag(flag))
+    tag = f"build-{BUILD_ID}"
+    registry = "us-central1-docker.pkg.dev/my-project/trainers"
+    assert sorted(build.images) == sorted(f"{registry}/{i}:{t}" for i in IMAGES for t in (tag, "latest"))
+    built_cpu = substituted_steps(build)["build-tf-runtime-cpu"].args[-1]
+    assert f"-t {registry}/tf-runtime-cpu:{tag} ." in built_cpu
+    # the structure tests want a revision label: never empty, also with no commit (the rehearsal found it so)
+    assert f"--build-arg REVISION=unknown --build-arg VERSION={tag} " in built_cpu
+    assert build.warnings == ()
+
+
+def test_a_trigger_build_tags_every_image_with_its_commit():
+    weekly = triggers.load(REPO / "images" / "triggers" / "weekly-rebuild.yaml")
+    build = built(triggers.built_ins(weekly, "9" * 40), weekly.substitutions)
+    registry = "us-central1-docker.pkg.dev/my-project/trainers"
+    assert sorted(build.images) == sorted(f"{registry}/{i}:{t}" for i in IMAGES for t in ("9999999", "latest"))
+    assert "--policy weekly" in substituted_steps(build)["scan-gate-tf-runtime-gpu"].args[-1]
+    assert f"--build-arg REVISION={'9' * 40} " in substituted_steps(build)["build-tf-runtime-gpu"].args[-1]
+
+
+def test_the_old_commit_tag_is_refused_for_a_manual_build_as_cloud_build_refuses_it():
+    """What the README's command met before: `:$SHORT_SHA` is `:` by hand."""
+    old = yaml.safe_load((REPO / "cloudbuild.yaml").read_text().replace("${_TAG}", "$SHORT_SHA"))
+    del old["substitutions"]["_TAG"]
+    with pytest.raises(build_config.ConfigError, match=r"invalid image name '.*/tf-runtime-cpu:': could not parse"):
+        built(given=subst.parse_flag("_REGION=us-central1,_REPOSITORY=trainers"), config=old)
+
+
+def test_a_manual_build_may_name_its_tag_and_a_misspelt_key_fails_it():
+    build = built(given={"_REGION": "europe-west4", "_REPOSITORY": "trainers", "_TAG": "v1"})
+    assert "europe-west4-docker.pkg.dev/my-project/trainers/tf-runtime-gpu:v1" in build.images
+    with pytest.raises(subst.SubstitutionError, match="key '_REPOSITORY_NAME' in the substitution data is not matched"):
+        built(given={"_REPOSITORY_NAME": "trainers"})
 
 
 def test_files_and_names_it_uses_exist_and_match_the_scripts():

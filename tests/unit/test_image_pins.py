@@ -39,13 +39,49 @@ def test_one_python_minor_names_every_image_and_its_python_bases():
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
-def test_each_build_asserts_the_minor_and_applies_security_updates_before_installing(dockerfile):
+def test_each_build_applies_security_updates_then_makes_its_venv_with_the_shared_steps_then_its_sbom(dockerfile):
     text = (REPO / dockerfile).read_text()
-    assert "assert '%d.%d' % sys.version_info[:2] == '${PYTHON_MINOR}'" in text
+    steps = (REPO / "images" / "image_steps.sh").read_text()
+    assert "assert '%d.%d' % sys.version_info[:2] == '${PYTHON_MINOR:?" in steps  # each venv checks the minor
     upgrade = text.index("apt-get upgrade -y")
-    assert text.index("ARG OS_UPDATES=") < upgrade < text.index("pip install --no-deps --require-hashes")
+    venv = text.index("bash /tmp/image/image_steps.sh venv /tmp/image/requirements.lock")
+    assert text.index("ARG OS_UPDATES=") < upgrade < venv
     last_lock = max(m.start() for m in re.finditer(r"^COPY images/(cpu|gpu|serving)/requirements\.lock", text, re.M))
-    assert text.index("/opt/sbom/python.cdx.json") > last_lock  # the SBOM lists every installed package
+    sbom = text.index("image_steps.sh sbom")
+    assert last_lock < venv < sbom < text.index("COPY --chown=root:root ")  # the SBOM lists every package, code after
+    assert pip_installs(text) == []  # every install goes through the shared steps
+
+
+def pip_installs(text: str) -> list[str]:
+    """Every pip install command in a Dockerfile or shell script, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines()
+            if re.search(r"\bpip\b.*\binstall\b", line) and not line.lstrip().startswith("#")]
+
+
+def test_every_pip_install_in_the_images_and_cloud_build_takes_wheels_only():
+    files = [*DOCKERFILES, "images/cassava/Dockerfile", "images/image_steps.sh", "cloudbuild.yaml",
+             "examples/fares/Dockerfile"]
+    installs = {name: pip_installs((REPO / name).read_text()) for name in files}
+    assert installs["images/image_steps.sh"] and installs["images/cassava/Dockerfile"] and installs["cloudbuild.yaml"]
+    steps_options = re.search(r"^pip_options=\((.*)\)$", (REPO / "images/image_steps.sh").read_text(), re.M).group(1)
+    assert "--only-binary=:all:" in steps_options.split() and "--require-hashes" in steps_options.split()
+    for name, lines in installs.items():
+        for line in lines:
+            assert "--only-binary=:all:" in line or '"${pip_options[@]}"' in line, (name, line)
+            assert "--no-build-isolation" not in line, (name, line)
+
+
+def test_the_one_sdist_is_a_committed_wheel_pinned_by_its_hash():
+    import hashlib
+
+    wheels = sorted((REPO / "images" / "wheels").glob("*.whl"))
+    assert [w.name for w in wheels] == ["promise-2.3-py3-none-any.whl"]
+    digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+    lock = (REPO / "images" / "cassava" / "requirements.lock").read_text()
+    block = re.search(r"^promise==2\.3 \\\n((?:    --hash=sha256:\w+.*\n)+)", lock, re.M).group(1)
+    assert re.findall(r"sha256:(\w+)", block) == [digest]
+    assert "!images/wheels/*.whl" in (REPO / ".dockerignore").read_text()
 
 
 @pytest.mark.parametrize("flavour", ["cpu", "gpu", "serving"])
