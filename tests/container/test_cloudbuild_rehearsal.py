@@ -25,6 +25,11 @@ import yaml
 from containers import leftovers, user_env
 from helpers import BUDGETS, REPO
 
+# A work unit of its own (tests/parallel.py), on one worker while the other rehearsals run on
+# another: nothing here retags the tier's images or touches another rehearsal's things, and each
+# side's leftover check counts only its own kind (tests/containers.py).
+pytestmark = pytest.mark.xdist_group("cloud-build")
+
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 IMAGES = ("tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "cassava-trainer-gpu", "tf-predictor-cpu")
 PROJECT = "local-project"
@@ -138,7 +143,7 @@ def test_the_readmes_submit_command_as_written_pushes_the_five_images_under_the_
     tool, env = engine
     names = subprocess.run([tool, "images", "--format", "{{.Repository}}"], env=env, capture_output=True, text=True).stdout
     assert "docker.pkg.dev" not in names  # the build's own tags are gone with it
-    assert leftovers(engine) == []
+    assert leftovers(engine, cloud_build=True) == []
 
 
 def test_a_fixable_high_in_one_image_fails_the_build_at_its_gate_and_nothing_is_pushed(built_images, kept, tmp_path):
@@ -174,7 +179,7 @@ def test_the_weekly_trigger_builds_its_commit_and_tags_every_image_with_it(built
     assert f"(commit {commit})" in output
     assert any("policy weekly at HIGH" in line for line in step_lines(output, "gate-policy"))
     assert_pushed_with_sboms(kept, "trainers", commit[:7])
-    assert leftovers(engine) == []
+    assert leftovers(engine, cloud_build=True) == []
 
 
 def test_the_refresh_trigger_runs_its_step_and_fails_where_no_registry_answers(kept):
@@ -223,7 +228,7 @@ def test_steps_share_the_workspace_and_the_engine_run_concurrently_and_the_first
                      output, re.M)
     assert 'Starting Step #5 - "never"' not in output and "DONE" not in output
     assert 'Finished Step #3 - "slow"' in output  # stopped, not waited for
-    assert leftovers(engine) == []
+    assert leftovers(engine, cloud_build=True) == []
 
 
 def test_a_step_past_its_timeout_ends_the_build_with_124(base_image, tmp_path):
@@ -318,4 +323,4 @@ def test_a_build_stopped_by_a_signal_gives_its_step_its_grace_and_leaves_nothing
     assert (gone["containers"], gone["networks"], gone["volumes"]) == ([], [], []), gone
     assert [p for p in made["processes"] if alive(p.split()[0])] == []
     assert [d for d in made["directories"] if Path(d).exists()] == []
-    assert leftovers(engine) == []
+    assert leftovers(engine, cloud_build=True) == []
