@@ -288,3 +288,17 @@ def test_the_gcloud_stand_in_records_an_sbom_load_and_refuses_what_gcloud_would(
     (tmp_path / "notes.json").write_text("{}")
     assert gcloud.main(["artifacts", "sbom", "load", f"--source={tmp_path / 'notes.json'}", f"--uri={uri}"]) == 1
     assert "neither an SPDX nor a CycloneDX document" in capsys.readouterr().err
+
+
+def test_a_build_takes_away_only_the_artifact_registry_tags_never_another_processs_new_tag():
+    """The build untags what image_names() lists new after it; a test's `localhost/...:test`, tagged
+    by another process while the build ran, once vanished that way under a test that needed it."""
+    from scripts.rehearsal.cloudbuild.build import image_names
+
+    listing = ("us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1\n"
+               "europe-docker.pkg.dev/p/r/i:v1\ngcr.io/p/i:v1\neu.gcr.io/p/i:v1\n"
+               "localhost/tf-runtime-cpu:test\n127.0.0.1:5000/trainers/tf-runtime-cpu:x\n<none>:<none>\n"
+               "docker.io/library/python:3.11\n")
+    assert image_names(lambda *args, **kwargs: listing) == {
+        "us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1", "europe-docker.pkg.dev/p/r/i:v1",
+        "gcr.io/p/i:v1", "eu.gcr.io/p/i:v1"}

@@ -218,8 +218,12 @@ class EngineService:
 
 
 def image_names(engine: engines.Engine) -> set[str]:
+    """The engine's tags that name Artifact Registry (REGISTRY_HOST): the only tags a build here
+    makes that it must take away again. Not the others: a tag another process makes while the build
+    runs (a test's `localhost/...`, say) is not the build's, although it is new to the store."""
     listed = engine("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
-    return {name for name in listed if not name.startswith("<none>")}
+    return {name for name in listed if not name.startswith("<none>") and "/" in name
+            and REGISTRY_HOST.match(name.split("/", 1)[0].lower())}
 
 
 def run_build(options: Options, log: BuildLog | None = None) -> int:
@@ -249,7 +253,7 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
     registry: ArtifactRegistry | None = None
     session = Session(engine, log)
     service = None
-    before: set[str] = set()
+    before: set[str] | None = None
     try:
         try:
             base = standins.standin_base(environ)
@@ -321,7 +325,7 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
             service.close()
         if registry is not None:
             registry.close()
-        for name in sorted(image_names(engine) - before) if before else ():
+        for name in sorted(image_names(engine) - before) if before is not None else ():
             engine("untag", name, name, check=False)  # the build's own tags (REGION-docker.pkg.dev/...) go with it
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
