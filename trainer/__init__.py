@@ -25,7 +25,7 @@ The package, by job:
 The public names, each documented and typed; import them from the module named here, whose own
 file is the code or, for fit, loop, layers and inputs, names it from where it lives. The command
 modules run, launch, selfcheck and gpu_stack are the commands' documented paths and hold nothing
-else. Everything else in this package may change between releases:
+else (trainer.run also names the environment its command gets). Everything else in this package may change between releases:
 
 | module           | names                                                                 |
 |------------------|-----------------------------------------------------------------------|
@@ -38,6 +38,7 @@ else. Everything else in this package may change between releases:
 | trainer.precision| float32_policy                                                         |
 | trainer.cluster  | resolve, environ_with_hostname, Cluster, ClusterConfigError; `python -m trainer.cluster` |
 | trainer.exits    | OK, CONFIG, RETRYABLE                                                  |
+| trainer.run      | child_environment; `python -m trainer.run -- COMMAND`                 |
 | commands         | `python -m trainer.run`, `python -m trainer.launch`, `python -m trainer.selfcheck`, `python -m trainer.gpu_stack` |
 
 The runtime's Keras is Keras 3, the one TensorFlow 2.21 ships (`import keras`, and `tf.keras` too):
