@@ -19,6 +19,7 @@ import dataclasses
 import glob
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,14 @@ def rehearse(platform: str, document: dict, options: Options, output: Output | N
     return run_session(options, buckets_named(document.jobset if platform == TRAINJOB else document), play, output)
 
 
+def new_run_id() -> str:
+    """A session's id, in its network's and containers' names and as Vertex AI's CLOUD_ML_JOB_ID:
+    milliseconds, then six random digits (19 digits, like a Vertex AI job's numeric id). Two
+    sessions started in one millisecond (a test's examples run side by side) must not share a
+    network, and the milliseconds alone once gave them one."""
+    return f"{int(time.time() * 1000)}{secrets.randbelow(10**6):06d}"
+
+
 def run_session(options: Options, buckets: list[str], play, output: Output | None = None) -> int:
     """Finds the engine, starts Cloud Storage with `buckets` (and --stage's), runs
     play(session, storage, run_id, scratch), copies the buckets out (--keep), and removes
@@ -86,7 +95,7 @@ def run_session(options: Options, buckets: list[str], play, output: Output | Non
         engine = Engine.detect(options.engine)
     except EngineError as error:
         raise RehearsalError(str(error)) from None
-    run_id = str(int(time.time() * 1000))
+    run_id = new_run_id()
     scratch = Path(tempfile.mkdtemp(prefix=PREFIX))
     storage = Storage(scratch, output.note, real_gcs=options.real_gcs, allow_hosts=options.allow_hosts,
                       public_gcs=options.public_gcs)

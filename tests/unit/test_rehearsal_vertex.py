@@ -290,3 +290,10 @@ def test_the_not_emulated_line_names_every_field_it_does_not_apply_once():
         assert field in line, (field, line)
     for emulated in ("timeout", "disableRetries", "imageUri", "replicaCount", "outputUriPrefix"):
         assert emulated not in line, (emulated, line)
+
+
+def test_sessions_started_in_one_millisecond_get_different_ids_numeric_like_vertex_job_ids():
+    from scripts.rehearsal.session import new_run_id
+    ids = [new_run_id() for _ in range(2000)]  # far more than one millisecond's worth of starts
+    assert len(set(ids)) == len(ids)
+    assert all(len(run_id) == 19 and run_id.isdigit() for run_id in ids)
