@@ -5,7 +5,6 @@ public names, and its command
 
 The code is trainer/runtime/entry.py."""
 
-import sys
 
 from trainer.runtime.entry import build_parser, command_line, load_task, main, run
 
@@ -14,4 +13,4 @@ __all__ = ["build_parser", "load_task", "main", "run"]
 if __name__ == "__main__":
     from trainer.library import ending
 
-    sys.exit(ending.end(command_line()))
+    ending.leave(ending.end(command_line()))

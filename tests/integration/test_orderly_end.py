@@ -8,6 +8,9 @@ test_mwms.py, test_parameter_server.py, test_own_code_doc.py and test_level1_doc
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from helpers import REPO, clean_env, run_module
@@ -37,3 +40,32 @@ def test_whichever_task_stays_the_orderly_end_logs_no_error(lingering):
     assert errors_after_training(run(lingering, "orderly")) == []
     # The same plain script as a level-1 command under trainer.run, whose exit hook orders its end: none.
     assert errors_after_training(run(lingering, "exit", "python", "-m", "trainer.run", "--")) == []
+
+
+LEAVING = """
+import atexit, logging, sys, threading, time
+from trainer.library import ending
+out = sys.argv[1]
+atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
+def late():
+    time.sleep(0.3)
+    open(out + "/thread", "w").write("done")
+threading.Thread(target=late).start()  # not a daemon: the interpreter would wait for it
+logging.basicConfig(stream=sys.stderr, format="%(message)s")
+logging.getLogger("trainer").warning("logged")
+sys.stdout.write("buffered, no newline")
+ending.leave(3)
+open(out + "/after", "w").write("leave returned")
+"""
+
+
+def test_a_runtime_task_leaves_as_the_interpreter_would_but_for_its_teardown(tmp_path):
+    """trainer.fit.run ends every runtime task's process with `leave` (os._exit, no teardown of
+    TensorFlow's functions): what the interpreter's own exit would finish is finished first."""
+    result = subprocess.run([sys.executable, "-c", LEAVING, str(tmp_path)], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 3
+    assert result.stdout == "buffered, no newline" and result.stderr.strip() == "logged"
+    assert (tmp_path / "thread").read_text() == "done"  # joined before the end
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / "after").exists()

@@ -206,8 +206,8 @@ def load_task(reference: str) -> Task:
 
 def run(task: Task, argv: Sequence[str] | None = None) -> None:
     """A task module's `__main__`: the task in this process's role; exits with main's code, in
-    order with the job's other tasks (trainer.library.ending)."""
-    sys.exit(ending.end(main(task, argv)))
+    order with the job's other tasks and without the interpreter's teardown (trainer.library.ending)."""
+    ending.leave(ending.end(main(task, argv)))
 
 
 def command_line() -> int:
