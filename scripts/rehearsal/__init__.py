@@ -14,6 +14,7 @@ deployed to an endpoint (`python scripts/deploy_model.py local ...`).
 | storage.py   | Cloud Storage and /gcs/ for every container, from one setup                          |
 | local_gcs/   | the local Cloud Storage server and its proxy (`python -m scripts.rehearsal.local_gcs`), a module per part |
 | gcs_fuse.py  | the local server's buckets as files                                                 |
+| tls.py       | the throwaway CA and server certificate of a local stand-in for Google's hosts      |
 | fields.py    | the spec fields a rehearsal does not emulate, named at its start                    |
 
 Every module imports its siblings as `scripts.rehearsal.X`, from the repository's root; the one
