@@ -162,6 +162,20 @@ class Engine:
         return subprocess.Popen([self.tool, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 errors="replace", env=self.environ)
 
+    def image_names(self) -> list[str]:
+        """Every REPOSITORY:TAG of the engine's images (`<none>:<none>` for an untagged one), as
+        `ENGINE images` lists them. For podman, buildah lists them: the same store, the same rows, but
+        `podman images` first works out each image's size and children, which on a store of a few
+        hundred images takes seconds (8 s against buildah's 1 s for 583 images at load 4 here), and
+        a Cloud Build rehearsal lists twice per build, every leftover check once. podman's own
+        listing when buildah cannot."""
+        if self.tool == "podman" and shutil.which("buildah"):
+            listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True,
+                                    text=True, env=self.environ)
+            if listed.returncode == 0:
+                return listed.stdout.split()
+        return self("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
+
     def create_network(self, name: str) -> tuple[str, str]:
         """Creates a network; (its subnet, the host's address on it)."""
         self("network", "create", name)

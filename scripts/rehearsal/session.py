@@ -174,7 +174,7 @@ def leftovers(engine: Engine, parent: int | None = None) -> list[str]:
     for listing in (("ps", "-a"), ("network", "ls"), ("volume", "ls")):
         names = engine(*listing, "--format", "{{.Name}}" if listing[0] != "ps" else "{{.Names}}", check=False).split()
         left += [name for name in names if name.startswith(PREFIX)]
-    images = engine("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
+    images = engine.image_names()
     left += [f"image {name}" for name in images if re.match(rf"[a-z0-9-]+-docker\.pkg\.dev/{LOCAL_PROJECT}/", name)]
     with open("/proc/mounts") as mounts:
         left += [f"mount {line.split()[1]}" for line in mounts if f"/{PREFIX}" in line.split()[1]]

@@ -291,14 +291,47 @@ def test_the_gcloud_stand_in_records_an_sbom_load_and_refuses_what_gcloud_would(
 
 
 def test_a_build_takes_away_only_the_artifact_registry_tags_never_another_processs_new_tag():
-    """The build untags what image_names() lists new after it; a test's `localhost/...:test`, tagged
-    by another process while the build ran, once vanished that way under a test that needed it."""
-    from scripts.rehearsal.cloudbuild.build import image_names
+    """The build untags what registry_names() keeps of the names listed new after it; a test's
+    `localhost/...:test`, tagged by another process while the build ran, once vanished that way
+    under a test that needed it."""
+    from scripts.rehearsal.cloudbuild.build import registry_names
 
     listing = ("us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1\n"
                "europe-docker.pkg.dev/p/r/i:v1\ngcr.io/p/i:v1\neu.gcr.io/p/i:v1\n"
                "localhost/tf-runtime-cpu:test\n127.0.0.1:5000/trainers/tf-runtime-cpu:x\n<none>:<none>\n"
                "docker.io/library/python:3.11\n")
-    assert image_names(lambda *args, **kwargs: listing) == {
+    assert registry_names(listing.split()) == {
         "us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1", "europe-docker.pkg.dev/p/r/i:v1",
         "gcr.io/p/i:v1", "eu.gcr.io/p/i:v1"}
+
+
+@pytest.mark.parametrize("tool, buildah, buildah_exit, listed_by", [
+    ("podman", "/usr/bin/buildah", 0, "buildah"),
+    ("podman", "/usr/bin/buildah", 125, "podman"),  # buildah could not read the store: podman's own listing
+    ("podman", None, 0, "podman"),
+    ("docker", "/usr/bin/buildah", 0, "docker"),  # docker's store is not buildah's
+])
+def test_the_engines_image_names_come_from_buildah_for_podman_else_from_the_engine(monkeypatch, tool, buildah,
+                                                                                    buildah_exit, listed_by):
+    """`podman images` works out every image's size and children before it prints a name (seconds on
+    a big store; a build lists twice, every leftover check once); buildah lists the same store's
+    names at once. Both in the engine's environment, both as REPOSITORY:TAG."""
+    import subprocess
+
+    from scripts.rehearsal import engine as engines
+
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append((command, kwargs["env"]["CONTAINERS_CONF"]))
+        if command[0] == "buildah":
+            assert command[1:] == ["images", "--format", "{{.Name}}:{{.Tag}}"]
+            return subprocess.CompletedProcess(command, buildah_exit, "gcr.io/p/i:v1\n<none>:<none>\n", "")
+        assert command[1:] == ["images", "--format", "{{.Repository}}:{{.Tag}}"]
+        return subprocess.CompletedProcess(command, 0, f"localhost/{command[0]}:listed\n", "")
+
+    monkeypatch.setattr(engines.shutil, "which", lambda name: buildah if name == "buildah" else None)
+    monkeypatch.setattr(engines.subprocess, "run", run)
+    names = engines.Engine(tool, {"CONTAINERS_CONF": "/conf"}).image_names()
+    assert calls[-1] == ([listed_by, *calls[-1][0][1:]], "/conf")
+    assert names == (["gcr.io/p/i:v1", "<none>:<none>"] if listed_by == "buildah" else [f"localhost/{listed_by}:listed"])

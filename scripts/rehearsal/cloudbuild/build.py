@@ -217,13 +217,17 @@ class EngineService:
         Path(self.socket).unlink(missing_ok=True)
 
 
-def image_names(engine: engines.Engine) -> set[str]:
-    """The engine's tags that name Artifact Registry (REGISTRY_HOST): the only tags a build here
-    makes that it must take away again. Not the others: a tag another process makes while the build
-    runs (a test's `localhost/...`, say) is not the build's, although it is new to the store."""
-    listed = engine("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
+def registry_names(listed) -> set[str]:
+    """Of the engine's REPOSITORY:TAG names, those that name Artifact Registry (REGISTRY_HOST): the
+    only tags a build here makes that it must take away again. Not the others: a tag another process
+    makes while the build runs (a test's `localhost/...`, say) is not the build's, although it is new
+    to the store."""
     return {name for name in listed if not name.startswith("<none>") and "/" in name
             and REGISTRY_HOST.match(name.split("/", 1)[0].lower())}
+
+
+def image_names(engine: engines.Engine) -> set[str]:
+    return registry_names(engine.image_names())
 
 
 def run_build(options: Options, log: BuildLog | None = None) -> int:
