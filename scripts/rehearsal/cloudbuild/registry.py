@@ -14,9 +14,7 @@ stalls nobody.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import re
 import shutil
 import socket
@@ -27,6 +25,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from scripts.rehearsal import tls
 
 # Artifact Registry's hosts: REGION-docker.pkg.dev, and gcr.io names it serves since Container
 # Registry's shutdown.
@@ -43,36 +43,8 @@ class RegistryError(RuntimeError):
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     """(CA certificate, server certificate, server key) for Artifact Registry's hosts and
     127.0.0.1, valid for a day."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    valid = dict(not_valid_before=now - datetime.timedelta(hours=1), not_valid_after=now + datetime.timedelta(days=1))
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cloud build rehearsal CA")])
-    ca = (x509.CertificateBuilder(subject_name=ca_name, issuer_name=ca_name, public_key=ca_key.public_key(),
-                                  serial_number=x509.random_serial_number(), **valid)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName(n) for n in ("*.pkg.dev", "gcr.io", "*.gcr.io")] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    server = (x509.CertificateBuilder(subject_name=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "*.pkg.dev")]),
-                                      issuer_name=ca_name, public_key=key.public_key(),
-                                      serial_number=x509.random_serial_number(), **valid)
-              .add_extension(x509.SubjectAlternativeName(names), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-    paths = directory / "registry-ca.pem", directory / "registry.pem", directory / "registry.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].unlink(missing_ok=True)
-    with os.fdopen(os.open(paths[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as key_file:
-        key_file.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
-    return paths
+    return tls.issue(directory, "cloud build rehearsal CA", ["*.pkg.dev", "gcr.io", "*.gcr.io"], ["127.0.0.1"],
+                     names=("registry-ca.pem", "registry.pem", "registry.key"))
 
 
 def free_port() -> int:
