@@ -176,6 +176,20 @@ class Engine:
                 return listed.stdout.split()
         return self("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
 
+    def annotated_containers(self, key: str) -> dict[str, str]:
+        """name -> value of every container (running or not) that carries the annotation `key`:
+        podman's, where a service's containers.conf gives every container it makes one; {} for
+        docker. A container removed between the listing and the inspection is passed over."""
+        if self.tool != "podman":
+            return {}
+        ids = self("ps", "-a", "--format", "{{.ID}}", check=False).split()
+        if not ids:
+            return {}
+        listed = self.run("container", "inspect", "--format", f'{{{{.Name}}}}\t{{{{index .Config.Annotations "{key}"}}}}',
+                          *ids).stdout
+        return {name: value for name, _, value in (line.partition("\t") for line in listed.splitlines())
+                if value.strip() and value.strip() != "<no value>"}
+
     def create_network(self, name: str) -> tuple[str, str]:
         """Creates a network; (its subnet, the host's address on it)."""
         self("network", "create", name)

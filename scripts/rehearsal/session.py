@@ -168,12 +168,15 @@ def leftovers(engine: Engine, parent: int | None = None) -> list[str]:
     whose own children do not count, such as a test session's servers): Cloud Storage servers, FUSE,
     and a Cloud Build rehearsal's registry and engine API service, and scratch directories (which
     hold the local CA's key)."""
-    from scripts.rehearsal.cloudbuild.build import LOCAL_PROJECT  # here: that module imports this one
+    from scripts.rehearsal.cloudbuild.build import LOCAL_PROJECT, MADE_BY_A_STEP  # here: that module imports this one
 
     left = []
     for listing in (("ps", "-a"), ("network", "ls"), ("volume", "ls")):
         names = engine(*listing, "--format", "{{.Name}}" if listing[0] != "ps" else "{{.Names}}", check=False).split()
         left += [name for name in names if name.startswith(PREFIX)]
+    # What a Cloud Build step made through its build's engine service, named at random.
+    left += [f"container {name} (made by a step of build {PREFIX}cloudbuild-{build[:8]})"
+             for name, build in engine.annotated_containers(MADE_BY_A_STEP).items()]
     images = engine.image_names()
     left += [f"image {name}" for name in images if re.match(rf"[a-z0-9-]+-docker\.pkg\.dev/{LOCAL_PROJECT}/", name)]
     with open("/proc/mounts") as mounts:

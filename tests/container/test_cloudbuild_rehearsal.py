@@ -146,7 +146,8 @@ def test_the_readmes_submit_command_as_written_pushes_the_five_images_under_the_
     assert leftovers(engine, cloud_build=True) == []
 
 
-def test_a_fixable_high_in_one_image_fails_the_build_at_its_gate_and_nothing_is_pushed(built_images, kept, tmp_path):
+def test_a_fixable_high_in_one_image_fails_the_build_at_its_gate_and_nothing_is_pushed(built_images, kept, tmp_path,
+                                                                                      engine):
     from unit.test_scan_gate import occurrence
 
     finding = occurrence("CVE-2026-4242", cvss=7.5, distribution="HIGH", provider="HIGH", package="openssl",
@@ -168,6 +169,8 @@ def test_a_fixable_high_in_one_image_fails_the_build_at_its_gate_and_nothing_is_
         assert not any("CVE-2026-4242" in line for line in step_lines(output, f"scan-gate-{image}")), image
     assert f'Starting Step #{step_index(config, "push")} - "push"' not in output and "PUSH" not in output.split()
     assert not (kept / "registry" / "storage" / "docker" / "registry" / "v2" / "repositories" / PROJECT / "gated").exists()
+    # The gate stopped the structure tests still running: their containers go with the build.
+    assert leftovers(engine, cloud_build=True) == []
 
 
 def test_the_weekly_trigger_builds_its_commit_and_tags_every_image_with_it(built_images, kept, engine):
@@ -199,12 +202,19 @@ def test_the_refresh_trigger_runs_its_step_and_fails_where_no_registry_answers(k
 def test_steps_share_the_workspace_and_the_engine_run_concurrently_and_the_first_failure_stops_the_build(
         base_image, tmp_path, engine):
     """A config of its own: two steps that start at once and each wait for the other's file (only
-    concurrent steps finish), the engine's socket answering, a failing step whose code ends the
-    build while a long step still runs, and a step after it that never starts."""
+    concurrent steps finish), the engine's socket answering and making a container for a step (as
+    container-structure-test does, named at random) that goes with the build, a failing step whose
+    code ends the build while a long step still runs, and a step after it that never starts."""
     python = "python:3.11.17-slim-trixie"
-    ping = ("import http.client, socket; c = http.client.HTTPConnection('x'); "
-            "c.sock = socket.socket(socket.AF_UNIX); c.sock.connect('/var/run/docker.sock'); "
-            "c.request('GET', '/_ping'); print('engine', c.getresponse().read().decode())")
+    ping = ("import http.client, json, socket\n"
+            "def call(method, path, body=None):\n"
+            "    c = http.client.HTTPConnection('x'); c.sock = socket.socket(socket.AF_UNIX)\n"
+            "    c.sock.connect('/var/run/docker.sock')\n"
+            "    c.request(method, path, body and json.dumps(body), {'Content-Type': 'application/json'})\n"
+            "    return c.getresponse().read().decode()\n"
+            "print('engine', call('GET', '/_ping'))\n"
+            f"made = call('POST', '/containers/create', {{'Image': '{base_image}', 'Cmd': ['true']}})\n"
+            "print('made', json.loads(made)['Id'])\n")
     wait_for = "for i in $$(seq 600); do [ -e {0} ] && exit 0; sleep 0.1; done; exit 9"
     config = {"steps": [
         {"id": "left", "name": python, "entrypoint": "bash", "waitFor": ["-"],
@@ -222,7 +232,10 @@ def test_steps_share_the_workspace_and_the_engine_run_concurrently_and_the_first
     result, _ = submit("--config", "cloudbuild.yaml", ".", cwd=tmp_path, timeout=900)
     output = result.stdout
     assert result.returncode == 3, output[-3000:] + result.stderr[-2000:]
-    assert step_lines(output, "engine") == ["engine OK"]
+    said = step_lines(output, "engine")
+    assert said[0] == "engine OK" and re.fullmatch(r"made [0-9a-f]{64}", said[1]), said
+    tool, env = engine
+    assert subprocess.run([tool, "container", "exists", said[1].split()[1]], env=env).returncode == 1  # gone with it
     assert step_lines(output, "fail") == ["/workspace/sub", "home=/builder/home"]
     assert re.search(r'^ERROR: build step 4 "python:3\.11\.17-slim-trixie" failed: step exited with non-zero status: 3$',
                      output, re.M)

@@ -335,3 +335,42 @@ def test_the_engines_image_names_come_from_buildah_for_podman_else_from_the_engi
     names = engines.Engine(tool, {"CONTAINERS_CONF": "/conf"}).image_names()
     assert calls[-1] == ([listed_by, *calls[-1][0][1:]], "/conf")
     assert names == (["gcr.io/p/i:v1", "<none>:<none>"] if listed_by == "buildah" else [f"localhost/{listed_by}:listed"])
+
+
+def test_a_build_removes_the_containers_its_steps_made_through_its_service_and_no_other():
+    """container-structure-test makes its containers through the build's engine service, named at
+    random; a build stopped mid-step (a gate failing beside the structure tests) left them. Each
+    carries the build's id (MADE_BY_A_STEP); another build's and other processes' stay."""
+    from scripts.rehearsal.cloudbuild.build import MADE_BY_A_STEP, remove_made_by_steps
+
+    removed = []
+
+    class Engine:
+        def annotated_containers(self, key):
+            assert key == MADE_BY_A_STEP
+            return {"elated_rhodes": "build-1", "fervent_gagarin": "build-2", "quirky_hopper": "build-1"}
+
+        def __call__(self, *args, check=True):
+            removed.append(args)
+            return ""
+
+    assert remove_made_by_steps(Engine(), "build-1") == ["elated_rhodes", "quirky_hopper"]
+    assert removed == [("rm", "-f", "elated_rhodes"), ("rm", "-f", "quirky_hopper")]
+
+
+def test_the_engine_reads_each_containers_annotation_and_passes_over_those_without_it(monkeypatch):
+    import subprocess
+
+    from scripts.rehearsal import engine as engines
+
+    def run(command, **kwargs):
+        if command[1] == "ps":
+            return subprocess.CompletedProcess(command, 0, "a1\nb2\nc3\n", "")
+        assert command[1:3] == ["container", "inspect"] and command[-3:] == ["a1", "b2", "c3"]
+        assert '{{index .Config.Annotations "k"}}' in command[4]
+        # c3 was removed between the listing and the inspection: podman prints the others and fails.
+        return subprocess.CompletedProcess(command, 125, "one\tbuild-1\ntwo\t\nthree\t<no value>\n", "no such container c3")
+
+    monkeypatch.setattr(engines.subprocess, "run", run)
+    assert engines.Engine("podman", {}).annotated_containers("k") == {"one": "build-1"}
+    assert engines.Engine("docker", {}).annotated_containers("k") == {}

@@ -44,6 +44,9 @@ from scripts.rehearsal.session import stop_on_signals
 LOCAL_PROJECT = "local-project"  # PROJECT_ID when none is given
 LOCAL_PROJECT_NUMBER = "000000000000"
 STATE_IN_STEP = "/var/lib/cloudbuild-standin"
+# The annotation, valued with the build's id, on every container a step makes through the build's
+# engine service (its containers.conf's `annotations`).
+MADE_BY_A_STEP = "rehearsal.cloudbuild.build"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,13 +161,16 @@ def api(socket_path: str, method: str, path: str, timeout: float = 30) -> tuple[
 class EngineService:
     """The engine's Docker API on a socket of the build's, which every step gets as the daemon's:
     `podman system service`, with the variables that send Artifact Registry's names to the stand-in
-    and a containers.conf that keeps those variables out of the containers it runs."""
+    and a containers.conf that keeps those variables out of the containers it runs and marks each
+    of them as this build's (MADE_BY_A_STEP: a step's own client, container-structure-test say,
+    names them at random, and a build stopped mid-step leaves them; `remove_made_by_steps`)."""
 
-    def __init__(self, directory: Path, settings: engines.Settings, extra: dict[str, str]):
+    def __init__(self, directory: Path, settings: engines.Settings, extra: dict[str, str], build_id: str):
         self.socket = str(directory / "engine.sock")
         conf = directory / "containers.conf"
         base = Path(settings.environ["CONTAINERS_CONF"]).read_text()
-        conf.write_text(base.replace("[containers]\n", "[containers]\nhttp_proxy = false\n", 1))
+        conf.write_text(base.replace("[containers]\n", f'[containers]\nhttp_proxy = false\n'
+                                     f'annotations = ["{MADE_BY_A_STEP}={build_id}"]\n', 1))
         self.log = directory / "engine-service.log"
         env = {**os.environ, **settings.environ, "CONTAINERS_CONF": str(conf), **extra}
         self.process = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{self.socket}"],
@@ -215,6 +221,16 @@ class EngineService:
                 self.process.kill()
                 self.process.wait()
         Path(self.socket).unlink(missing_ok=True)
+
+
+def remove_made_by_steps(engine: engines.Engine, build_id: str) -> list[str]:
+    """Removes the containers the build's steps made through its engine service (MADE_BY_A_STEP),
+    as Cloud Build's VM goes with its build; returns their names. Another build's, or any other
+    process's, carry another value or none, and stay."""
+    names = sorted(name for name, value in engine.annotated_containers(MADE_BY_A_STEP).items() if value == build_id)
+    for name in names:
+        engine("rm", "-f", name, check=False)
+    return names
 
 
 def registry_names(listed) -> set[str]:
@@ -284,7 +300,7 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
         log.note(f"build {submitted.build_id}: {files} files of {submitted.source} in /workspace"
                  + (f" (commit {submitted.commit})" if submitted.commit else ""))
         registry.start()
-        service = EngineService(scratch, settings, registry.engine_environment())
+        service = EngineService(scratch, settings, registry.engine_environment(), submitted.build_id)
         before = image_names(engine)
         extra_env = {images[name]: env for name, env in _standin_env(chosen, images, base, options).items()}
         extra_volumes = {images[name]: (f"{state}:{STATE_IN_STEP}",) for name, standin in chosen.items()
@@ -327,6 +343,7 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
         session.remove_all()
         if service is not None:
             service.close()
+            remove_made_by_steps(engine, submitted.build_id)
         if registry is not None:
             registry.close()
         for name in sorted(image_names(engine) - before) if before is not None else ():
