@@ -161,12 +161,23 @@ def leave(code: int) -> None:
     (AtomicFunction.__del__, Context.remove_function), seconds for a ResNet50 and its export's
     traces (measured in benchmarks/time_to_accuracy.py's `exit` phase). Everything the runtime
     writes (checkpoints, the export, TensorBoard's writers, flushed each epoch) is closed by then."""
+    _join_threads()
+    _run_exit_handlers()
+    _leave(code)
+
+
+def _join_threads() -> None:
+    """What the interpreter does first as it exits (threading._shutdown): the callbacks registered
+    for it run (an idle concurrent.futures pool's workers are told to stop there, and would be
+    waited for forever without them), then every thread that is not a daemon is joined."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
+        return
     current = threading.current_thread()
     for thread in threading.enumerate():
         if thread is not current and not thread.daemon and thread.is_alive():
             thread.join()
-    _run_exit_handlers()
-    _leave(code)
 
 
 def _leave(code: int) -> None:
