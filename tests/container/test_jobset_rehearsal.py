@@ -124,10 +124,11 @@ def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path)
 def test_a_preempted_worker_restarts_the_jobset_which_resumes(engine, cpu_image, tmp_path):
     """MWMS: the evicted worker's DisruptionTarget counts against backoffLimit 0, its Job fails,
     and JobSet recreates every Job (failurePolicy.maxRestarts); the chief resumes from its backup."""
-    # Epochs of 6 steps, as in the Vertex rehearsal's: the SIGTERM at epoch 2's start must find
-    # steps left to stop at (with 2 a step, the worker finished the job in its grace).
+    # The SIGTERM at epoch 2's start must find steps left to stop at: with 2 a step, the worker
+    # finished the job in its grace, and with 6 the job ended before the eviction landed on a
+    # machine at load 20. 30 a step leave the eviction the time of 60 small steps.
     manifest = share_model_dir(jobset("--workers", "1", "--max-restarts", "2", "--", *SMALL_TRAINING,
-                                      "--epochs", "3", "--steps-per-epoch", "6", "--model-dir", "/models/run",
+                                      "--epochs", "3", "--steps-per-epoch", "30", "--model-dir", "/models/run",
                                       image=cpu_image))
     name = manifest["metadata"]["name"]
     result = run_jobset(manifest, tmp_path, "--preempt", f"{name}-worker-0-0@/epoch 2/3 begins/", engine=engine)
