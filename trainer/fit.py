@@ -5,7 +5,6 @@ public names, and its command
 
 The code is trainer/runtime/entry.py."""
 
-
 from trainer.runtime.entry import build_parser, command_line, load_task, main, run
 
 __all__ = ["build_parser", "load_task", "main", "run"]

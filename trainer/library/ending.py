@@ -24,9 +24,10 @@ peers failed finds the barrier failed and ends as it would have; a process witho
 (one process, a ParameterServer job, which runs none by default) is left as it is.
 
 Two ways in: `end(code)`, at the end of a runtime task (trainer.fit.run), which knows its exit code
-and leaves with os._exit (`leave`, which every runtime task's process ends with, ordered or not); and `at_exit`, which trainer.run registers in the Python processes of a
-level-1 command (trainer/process/exit_hook/sitecustomize.py), where the exit code is the script's
-own and the interpreter ends as usual. It lives in the library because both use it, and because a
+and leaves with os._exit (`leave`, which every runtime task's process ends with, ordered or not);
+and `at_exit`, which trainer.run registers in the Python processes of a level-1 command
+(trainer/process/exit_hook/sitecustomize.py), where the exit code is the script's own and the
+interpreter ends as usual. It lives in the library because both use it, and because a
 script of your own can too: it imports nothing but the exit codes until the process has
 TensorFlow's coordination service, so loading it costs a Python process nothing.
 """
