@@ -18,6 +18,19 @@ def sh(*command, env=None, timeout=1800, check=True) -> subprocess.CompletedProc
     return result
 
 
+def build_image(engine, *args: str, check: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Builds as scripts/supply_chain/images.sh builds (docker, or daemonless buildah), through
+    scripts/rehearsal/engine.py's `build`: a build whose cache lookup raced another test's image
+    removal (buildah before 1.43) is started again there."""
+    from scripts.rehearsal.engine import build
+
+    tool, env = engine
+    result = build("docker" if tool == "docker" else "buildah", list(args), env, timeout=timeout, cwd=str(REPO))
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(result.args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
 def image_env(**extra) -> dict:
     env = clean_env(**extra)
     env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"

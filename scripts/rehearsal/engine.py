@@ -231,6 +231,43 @@ class Engine:
         return ["--gpus", "all"] if self.tool == "docker" else ["--device", "nvidia.com/gpu=all"]
 
 
+# buildah before 1.43 (Debian bookworm's is 1.28) fails a `--layers` build when another process
+# deletes an image between the cache lookup's listing of the store's images and its reading of
+# their top layers: "checking if cached image exists from a previous build: getting top layer info:
+# layer not known" (containers/buildah#5674, #5615). Upstream now passes such an image over (#6688).
+# A build that meets it is started again: the next lookup lists the store afresh, which is what the
+# fixed buildah does. scripts/supply_chain/images.sh applies the same rule to its own builds.
+CACHE_LOOKUP_RACE = "getting top layer info: layer not known"
+BUILD_ATTEMPTS = 3
+
+
+def build_command(builder: str) -> list[str]:
+    """The command that builds an image, as scripts/supply_chain/images.sh runs it: `docker build`,
+    or, without a daemon, buildah in Docker format (which keeps SHELL), chroot isolation (no daemon
+    and no user namespaces needed) and a cache layer per step."""
+    if builder == "docker":
+        return ["docker", "build"]
+    return ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
+
+
+def build(builder: str, args: list[str], env: Mapping[str, str] | None = None, *,
+          timeout: float | None = None, cwd: str | None = None, note=None) -> subprocess.CompletedProcess:
+    """Runs build_command(builder) + args, captured, in the environment `env` (as given; None: this
+    process's); started again (up to BUILD_ATTEMPTS in all) only when buildah's cache lookup raced
+    an image's removal (CACHE_LOOKUP_RACE), each time with `note(line)` told why. Returns the last
+    attempt's result, whatever its exit code."""
+    attempt = 1
+    while True:
+        result = subprocess.run([*build_command(builder), *args], capture_output=True, text=True, timeout=timeout,
+                                cwd=cwd, env=None if env is None else dict(env))
+        if result.returncode == 0 or CACHE_LOOKUP_RACE not in result.stderr or attempt == BUILD_ATTEMPTS:
+            return result
+        attempt += 1
+        if note is not None:
+            note(f"buildah's cache lookup met an image removed under it (containers/buildah#5674): "
+                 f"building again (attempt {attempt} of {BUILD_ATTEMPTS})")
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""

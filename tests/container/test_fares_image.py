@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from containers import leftovers, sh
+from containers import build_image, leftovers, sh
 from helpers import BUDGETS, REPO, clean_env
 
 from test_vertex_rehearsal import dry_run, lines, run_local, summary
@@ -31,15 +31,8 @@ METRICS_FILE = f"/gcs/{BUCKET}/hypertune/output.metrics"
 def fares_image(engine, runtime_cpu_image):
     """examples/fares/Dockerfile built on the CPU runtime image, as a user builds it, with the build
     context holding only the example."""
-    from scripts.rehearsal import engine as engine_lib
-
-    _, env = engine
     started = time.monotonic()
-    if engine_lib.settings().builder == "docker":
-        command = ["docker", "build"]
-    else:  # as scripts/supply_chain/images.sh builds without a daemon
-        command = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
-    sh(*command, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-t", FARES_IMAGE, str(EXAMPLE), env=env)
+    build_image(engine, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-t", FARES_IMAGE, str(EXAMPLE))
     BUDGETS.append(f"fares image build (on the CPU runtime image): {time.monotonic() - started:.0f}s")
     return FARES_IMAGE
 

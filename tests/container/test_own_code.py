@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from containers import leftovers, sh, user_env
+from containers import build_image, leftovers, sh, user_env
 from helpers import REPO
 from test_vertex_rehearsal import PYTHON, lines, run_local, summary
 
@@ -25,13 +25,8 @@ POOL = {"machineSpec": {"machineType": "e2-standard-4"}, "replicaCount": "1"}
 def autopackaged_image(engine, runtime_cpu_image):
     """The fixture's Dockerfile (gcloud's lines) built on the tests' CPU runtime image, as `gcloud ai
     custom-jobs local-run` builds it: the folder is the context."""
-    tool, env = engine
-    if tool == "podman":
-        build = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
-    else:
-        build = ["docker", "build"]
-    sh(*build, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-f", str(FIXTURE / "Dockerfile"), "-t", AUTOPACKAGED,
-       str(FIXTURE), env=env)
+    build_image(engine, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-f", str(FIXTURE / "Dockerfile"),
+                "-t", AUTOPACKAGED, str(FIXTURE))
     return AUTOPACKAGED
 
 

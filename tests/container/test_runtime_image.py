@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from containers import sh
+from containers import build_image, sh
 from helpers import REPO
 
 # Images and containers of their own names, no rehearsal: beside the rehearsals, on any worker (tests/parallel.py).
@@ -100,14 +100,7 @@ def test_a_level_1_script_that_chooses_legacy_keras_itself_still_trains(engine, 
 
 
 def build(engine, context, tag: str, runtime: str):
-    from scripts.rehearsal import engine as engine_lib
-
-    tool, env = engine
-    if engine_lib.settings().builder == "docker":
-        command = ["docker", "build"]
-    else:  # as scripts/supply_chain/images.sh builds without a daemon
-        command = ["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"]
-    return sh(*command, "--build-arg", f"BASE_IMAGE={runtime}", "-t", tag, str(context), env=env, check=False)
+    return build_image(engine, "--build-arg", f"BASE_IMAGE={runtime}", "-t", tag, str(context), check=False)
 
 
 def test_a_users_image_from_the_runtime_sets_only_its_command(engine, runtime_cpu_image, tmp_path):

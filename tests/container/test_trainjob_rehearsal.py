@@ -18,7 +18,7 @@ import subprocess
 import pytest
 import yaml
 
-from containers import SMALL_TRAINING, leftovers, sh, user_env
+from containers import SMALL_TRAINING, build_image, leftovers, sh, user_env
 from helpers import REPO
 from test_vertex_rehearsal import lines
 
@@ -90,10 +90,7 @@ def own_script_image(engine, runtime_cpu_image, tmp_path_factory):
     (folder / "task.py").write_text((REPO / "tests" / "fixtures" / "autopackaging" / "task.py").read_text())
     (folder / "Dockerfile").write_text('ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nWORKDIR /app\nCOPY task.py .\n'
                                        'CMD ["python", "task.py"]\n')
-    tool, env = engine
-    build = (["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers"] if tool == "podman"
-             else ["docker", "build"])
-    sh(*build, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-t", OWN_SCRIPT_IMAGE, str(folder), env=env)
+    build_image(engine, "--build-arg", f"BASE_IMAGE={runtime_cpu_image}", "-t", OWN_SCRIPT_IMAGE, str(folder))
     return OWN_SCRIPT_IMAGE
 
 

@@ -16,6 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Iterable
 
+from scripts.rehearsal import engine as engines
+
 HERE = Path(__file__).resolve().parent / "standins"
 REPO = Path(__file__).resolve().parents[3]
 
@@ -107,9 +109,8 @@ def ensure(chosen: dict[str, StandIn | None], base: str, engine, environ: dict[s
             tag = tag_of(standin, base_id)
             if engine.run("image", "inspect", "--format", "{{.Id}}", tag).returncode != 0:
                 note(f"building the {standin.kind} stand-in {tag}")
-                built = subprocess.run(["buildah", "bud", "--format", "docker", "--isolation", "chroot", "--layers",
-                                        "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(standin.directory)],
-                                       capture_output=True, text=True, env=environ)
+                built = engines.build("buildah", ["--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(standin.directory)],
+                                      environ, note=note)
                 if built.returncode != 0:
                     raise StandInError(f"the {standin.kind} stand-in did not build: "
                                        f"{(built.stderr.strip().splitlines() or ['?'])[-1]}")
