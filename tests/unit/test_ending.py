@@ -134,3 +134,19 @@ def test_the_exit_handlers_run_before_the_barrier_which_os_exit_would_skip(monke
     ending.end(exits.OK, {})  # one process: the interpreter's own exit runs them
     assert steps == []
 
+
+
+def test_leaving_from_another_thread_joins_the_other_threads_but_never_the_main_one():
+    """The interpreter's own shutdown belongs to the main thread; from any other, the threads that
+    are not daemons are joined, except the main thread, which may be waiting for this one."""
+    import threading
+    import time
+
+    finished = []
+    other = threading.Thread(target=lambda: (time.sleep(0.2), finished.append("other")))
+    other.start()
+    leaving = threading.Thread(target=lambda: (ending._join_threads(), finished.append("joined")))
+    leaving.start()
+    leaving.join(timeout=30)  # the main thread waits for it, as a program's main thread would
+    assert not leaving.is_alive(), "joining from another thread waited for the main thread"
+    assert finished == ["other", "joined"]

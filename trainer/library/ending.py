@@ -170,14 +170,16 @@ def leave(code: int) -> None:
 def _join_threads() -> None:
     """What the interpreter does first as it exits (threading._shutdown): the callbacks registered
     for it run (an idle concurrent.futures pool's workers are told to stop there, and would be
-    waited for forever without them), then every thread that is not a daemon is joined."""
+    waited for forever without them), then every thread that is not a daemon is joined. Called
+    from another thread, only the non-daemon threads other than the main one and this are joined:
+    the main thread may be the one waiting for this thread, and joining it would wait for ever."""
     shutdown = getattr(threading, "_shutdown", None)
     if shutdown is not None and threading.current_thread() is threading.main_thread():
         shutdown()
         return
-    current = threading.current_thread()
+    skipped = (threading.current_thread(), threading.main_thread())
     for thread in threading.enumerate():
-        if thread is not current and not thread.daemon and thread.is_alive():
+        if thread not in skipped and not thread.daemon and thread.is_alive():
             thread.join()
 
 
