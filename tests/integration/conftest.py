@@ -11,3 +11,24 @@ def data_root(request):
     root = run_root(request.config) / "data"
     root.mkdir(exist_ok=True)
     return root
+
+
+@pytest.fixture(scope="session")
+def resnet50_two_worker_job(once, request, data_root) -> dict:
+    """One MultiWorkerMirrored job of the real ResNet50 (RESNET50_TWO_WORKERS) on 2 workers through
+    trainer.launch, run once per run for the tests that read it and change nothing in it:
+    test_input_wait's healthy job (its input lines) and test_mwms's ResNet50 job (its strategy line,
+    its export, the worker's emptied tmp). Each ran a job of its own before (issue 53: the same
+    multi-worker training twice to check two things). Returns its exit code, output and folders."""
+    from helpers import RESNET50_TWO_WORKERS, run_module
+
+    def make() -> dict:
+        root = run_root(request.config) / "resnet50-two-workers"
+        work, model_dir = root / "work", root / "out" / "model"
+        result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(work), "--timeout", "500", "--",
+                            "python", "-m", "cassava.task", "--data-dir", str(data_root), *RESNET50_TWO_WORKERS,
+                            "--model-dir", str(model_dir), timeout=560)
+        return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+                "work": str(work), "model_dir": str(model_dir)}
+
+    return once("resnet50 two-worker job", make)

@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from helpers import REPO, clean_env, run_module
+from helpers import REPO, RESNET50_TWO_WORKERS, clean_env, run_module
 
 SLOW_REQUEST_SECONDS = 1.0
 SLOW_FILES = 32
@@ -71,8 +71,7 @@ def slow_bucket(gcs, far_bucket):
 
 SLOW = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4",
         "--cache-images", "never", "--epochs", "2", "--steps-per-epoch", "16"]
-HEALTHY = ["--architecture", "resnet50", "--weights", "none", "--image-size", "64", "--per-replica-batch-size", "8",
-           "--dataset", "synthetic:64", "--epochs", "2", "--steps-per-epoch", "8"]
+HEALTHY = RESNET50_TWO_WORKERS
 
 
 def launch(tmp_path, *args, ps: int = 0, env: dict | None = None) -> str:
@@ -101,9 +100,12 @@ def test_a_job_fed_by_a_slow_pipeline_says_it_is_input_bound(tmp_path, slow_buck
                      r"up to x\d+\.\d faster\)$", output, re.M)
 
 
-def test_a_healthy_job_says_it_is_not_input_bound(tmp_path, data_root):
-    output = launch(tmp_path, "--data-dir", str(data_root), *HEALTHY)
-    assert_verdicts(output, 2, input_bound=False)
+def test_a_healthy_job_says_it_is_not_input_bound(resnet50_two_worker_job):
+    """The healthy MultiWorkerMirrored job is the run's shared ResNet50 job (HEALTHY's settings,
+    tests/integration/conftest.py), which test_mwms also reads."""
+    job = resnet50_two_worker_job
+    assert job["returncode"] == 0, job["stdout"][-4000:]
+    assert_verdicts(job["stdout"], 2, input_bound=False)
 
 
 def test_a_parameter_server_job_fed_by_a_slow_pipeline_says_it_is_input_bound(tmp_path, slow_bucket, gcs):

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -154,18 +155,15 @@ def test_only_the_chief_reported_hypertune_metrics(two_worker_run):
     assert not (work / "worker-0" / "hypertune").exists()
 
 
-def test_two_workers_train_the_real_resnet50(tmp_path, data_root):
-    """One step of the real ResNet50 over both workers, then the chief's export: what this checks
-    needs no more (it ran 2 epochs of 2 steps, and timed out once on a machine at load 20)."""
-    model_dir = tmp_path / "model"
-    result, work = launch(
-        tmp_path, data_root, "--dataset", "synthetic:64", "--epochs", "1", "--steps-per-epoch", "1",
-        "--image-size", "64", "--weights", "none", "--model-dir", str(model_dir),
-    )
-    assert result.returncode == 0, result.stdout[-4000:]
-    assert "strategy=multi_worker_mirrored replicas=2 global_batch=128" in result.stdout
-    assert (model_dir / "saved_model.pb").exists()
-    assert os.listdir(work / "worker-0" / "tmp") == []
+def test_two_workers_train_the_real_resnet50(resnet50_two_worker_job):
+    """The real ResNet50 over both workers, then the chief's export: the run's shared ResNet50 job
+    (tests/integration/conftest.py), which test_input_wait's healthy job also reads. It was a job of
+    its own, one step at 64 images a replica."""
+    job = resnet50_two_worker_job
+    assert job["returncode"] == 0, job["stdout"][-4000:]
+    assert "strategy=multi_worker_mirrored replicas=2 global_batch=16" in job["stdout"]
+    assert (Path(job["model_dir"]) / "saved_model.pb").exists()
+    assert os.listdir(Path(job["work"]) / "worker-0" / "tmp") == []
 
 
 def preemptible_args(tmp_path, data_root, every_steps: int):
