@@ -207,7 +207,7 @@ def test_evaluator_without_checkpoints_times_out_with_a_clear_message(tmp_path, 
 IN_PROCESS_CLUSTER = textwrap.dedent("""
     import json, os, sys
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
-    import keras, portpicker, tensorflow as tf
+    import keras, tensorflow as tf
     from cassava import data, model as model_lib
     from trainer import loop
     from trainer.runtime import strategy as strategy_lib
@@ -217,7 +217,8 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     # Servers and coordinator share one process: without enough inter-op threads on 2 cores,
     # the servers' ops starve each other and the first step never finishes.
     server_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=8)
-    ports = [portpicker.pick_unused_port() for _ in range(workers + ps + 1)]
+    from trainer.process.ports import free_ports
+    ports = free_ports(workers + ps + 1)
     spec = {"chief": [f"localhost:{ports[0]}"],
             "worker": [f"localhost:{p}" for p in ports[1:1 + workers]],
             "ps": [f"localhost:{p}" for p in ports[1 + workers:]]}

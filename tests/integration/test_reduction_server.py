@@ -10,11 +10,11 @@ import os
 import subprocess
 import sys
 
-import portpicker
 import pytest
 
 from helpers import REPO, clean_env
 from scripts import jobspec, submit_job
+from trainer.process.ports import free_ports
 
 TASK_ARGS = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--architecture", "small",
              "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4", "--mixed-precision", "off"]
@@ -36,7 +36,7 @@ def test_an_mwms_job_with_reducers_trains_without_waiting_for_them(variable, tmp
     environments = jobspec.cluster_environments("vertex", submit_job.build_spec(args)[1])
     hosts = ["workerpool0-0:2222", "workerpool1-0:2222", "workerpool2-0:2222", "workerpool2-1:2222"]
     # The reducers' ports are closed: connecting there fails at once, and nothing must try.
-    addresses = {host: f"127.0.0.1:{portpicker.pick_unused_port()}" for host in hosts}
+    addresses = {host: f"127.0.0.1:{port}" for host, port in zip(hosts, free_ports(len(hosts)))}
     processes = {}
     for name, environment in zip(("chief", "worker"), environments):
         env = clean_env(**{variable: localhost(environment[variable], addresses), "TMPDIR": str(tmp_path),
@@ -52,7 +52,11 @@ def test_an_mwms_job_with_reducers_trains_without_waiting_for_them(variable, tmp
         except subprocess.TimeoutExpired:
             for each in processes.values():
                 each.kill()
-            pytest.fail(f"{name} did not finish in 300 s (waiting for the reducers?):\n{process.communicate()[0][-4000:]}")
+            # Every task's output: a task that stopped early (the chief, say) leaves the other waiting for it.
+            said = {other: outputs.get(other) or each.communicate()[0] for other, each in processes.items()}
+            pytest.fail(f"{name} did not finish in 300 s (waiting for the reducers?); exit codes "
+                        f"{ {other: each.returncode for other, each in processes.items()} }:\n"
+                        + "\n".join(f"--- {other}:\n{text[-3000:]}" for other, text in said.items()))
     for name, process in processes.items():
         assert process.returncode == 0, f"{name}:\n{outputs[name][-4000:]}"
     chief = outputs["chief"]
