@@ -348,13 +348,18 @@ def raw_connection(server: Server) -> socket.socket:
 
 
 def closed_by_server(connection: socket.socket) -> bool:
-    """Whether the server closes the connection (reading until it does, or 30 s)."""
+    """Whether the server closes the connection (reading until it does, or 30 s). A reset is a
+    close too: a server that closes a connection with bytes of it still unread (a client that
+    trickles) makes the kernel answer with RST instead of FIN, whichever comes first being a
+    matter of timing."""
     connection.settimeout(30)
     try:
         while connection.recv(65536):
             pass
         return True
-    except (ConnectionResetError, socket.timeout):
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
         return False
 
 
