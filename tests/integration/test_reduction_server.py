@@ -53,7 +53,8 @@ def test_an_mwms_job_with_reducers_trains_without_waiting_for_them(variable, tmp
             for each in processes.values():
                 each.kill()
             # Every task's output: a task that stopped early (the chief, say) leaves the other waiting for it.
-            said = {other: outputs.get(other) or each.communicate()[0] for other, each in processes.items()}
+            said = {other: outputs[other] if other in outputs else each.communicate()[0] or ""
+                    for other, each in processes.items()}
             pytest.fail(f"{name} did not finish in 300 s (waiting for the reducers?); exit codes "
                         f"{ {other: each.returncode for other, each in processes.items()} }:\n"
                         + "\n".join(f"--- {other}:\n{text[-3000:]}" for other, text in said.items()))
