@@ -168,13 +168,22 @@ class Engine:
         `podman images` first works out each image's size and children, which on a store of a few
         hundred images takes seconds (8 s against buildah's 1 s for 583 images at load 4 here), and
         a Cloud Build rehearsal lists twice per build, every leftover check once. podman's own
-        listing when buildah cannot."""
-        if self.tool == "podman" and shutil.which("buildah"):
-            listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True,
-                                    text=True, env=self.environ)
+        listing when buildah cannot.
+
+        A listing fails ("reading image ...: image not known") when another process removes an
+        image between its reading of the store's image list and of that image, as a build's
+        concurrent steps do here; it is listed again, up to LISTING_ATTEMPTS in all, rather than
+        read as an empty store (a build compares its listings before and after)."""
+        for _ in range(LISTING_ATTEMPTS):
+            if self.tool == "podman" and shutil.which("buildah"):
+                listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True,
+                                        text=True, env=self.environ)
+                if listed.returncode == 0:
+                    return listed.stdout.split()
+            listed = self.run("images", "--format", "{{.Repository}}:{{.Tag}}")
             if listed.returncode == 0:
                 return listed.stdout.split()
-        return self("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split()
+        raise EngineError(f"{self.tool} images: {last_line(listed.stderr) or listed.returncode}")
 
     def annotated_containers(self, key: str) -> dict[str, str]:
         """name -> value of every container (running or not) that carries the annotation `key`:
@@ -238,6 +247,7 @@ class Engine:
 # A build that meets it is started again: the next lookup lists the store afresh, which is what the
 # fixed buildah does. scripts/supply_chain/images.sh applies the same rule to its own builds.
 CACHE_LOOKUP_RACE = "getting top layer info: layer not known"
+LISTING_ATTEMPTS = 3
 BUILD_ATTEMPTS = 3
 
 

@@ -337,6 +337,38 @@ def test_the_engines_image_names_come_from_buildah_for_podman_else_from_the_engi
     assert names == (["gcr.io/p/i:v1", "<none>:<none>"] if listed_by == "buildah" else [f"localhost/{listed_by}:listed"])
 
 
+@pytest.mark.parametrize("failures, expected", [
+    (2, ["gcr.io/p/i:v1"]),  # failed twice as an image went under it: the third listing is read
+    (3, None),  # never listed: one line, not an empty store
+])
+def test_a_listing_that_met_a_removed_image_is_listed_again(monkeypatch, failures, expected):
+    """A listing fails when another process removes an image between the listing's reading of the
+    store's list and of that image (a build's concurrent steps do). A build compares its listings
+    before and after it to find its own tags, so a failed one is listed again, never read as empty."""
+    import subprocess
+
+    from scripts.rehearsal import engine as engines
+
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command[0])
+        if len(calls) <= 2 * failures:  # buildah's and then podman's listing of each attempt
+            return subprocess.CompletedProcess(command, 125, "", 'Error: reading image "5fe6": image not known\n')
+        return subprocess.CompletedProcess(command, 0, "gcr.io/p/i:v1\n", "")
+
+    monkeypatch.setattr(engines.shutil, "which", lambda name: "/usr/bin/buildah" if name == "buildah" else None)
+    monkeypatch.setattr(engines.subprocess, "run", run)
+    engine = engines.Engine("podman", {})
+    if expected is None:
+        with pytest.raises(engines.EngineError, match=r"^podman images: Error: reading image \"5fe6\": image not known$"):
+            engine.image_names()
+        assert calls == ["buildah", "podman"] * engines.LISTING_ATTEMPTS
+    else:
+        assert engine.image_names() == expected
+        assert calls == ["buildah", "podman"] * failures + ["buildah"]
+
+
 def test_a_build_removes_the_containers_its_steps_made_through_its_service_and_no_other():
     """container-structure-test makes its containers through the build's engine service, named at
     random; a build stopped mid-step (a gate failing beside the structure tests) left them. Each

@@ -301,7 +301,10 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
                  + (f" (commit {submitted.commit})" if submitted.commit else ""))
         registry.start()
         service = EngineService(scratch, settings, registry.engine_environment(), submitted.build_id)
-        before = image_names(engine)
+        try:
+            before = image_names(engine)
+        except engines.EngineError as error:
+            raise RehearsalError(str(error)) from None
         extra_env = {images[name]: env for name, env in _standin_env(chosen, images, base, options).items()}
         extra_volumes = {images[name]: (f"{state}:{STATE_IN_STEP}",) for name, standin in chosen.items()
                          if standin is not None and standin.kind == "gcloud"}
@@ -346,8 +349,14 @@ def run_build(options: Options, log: BuildLog | None = None) -> int:
             remove_made_by_steps(engine, submitted.build_id)
         if registry is not None:
             registry.close()
-        for name in sorted(image_names(engine) - before) if before is not None else ():
-            engine("untag", name, name, check=False)  # the build's own tags (REGION-docker.pkg.dev/...) go with it
+        if before is not None:  # the build's own tags (REGION-docker.pkg.dev/...) go with it
+            try:
+                made = sorted(image_names(engine) - before)
+            except engines.EngineError as error:
+                made = []
+                log.note(f"the build's own tags were not taken away: {error}", "WARNING")
+            for name in made:
+                engine("untag", name, name, check=False)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         if previous is not None:
