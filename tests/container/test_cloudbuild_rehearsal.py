@@ -35,6 +35,9 @@ IMAGES = ("tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "cassava-tr
 PROJECT = "local-project"
 # What an interrupted build may take to stop its steps (their 10 s grace) and remove what it made.
 STOP_WAIT_SECONDS = 180
+# A step that only waits to be stopped, and stops on SIGTERM. (A plain `sleep` as a container's first
+# process ignores SIGTERM, so each stop waited out the 10 s grace.)
+WAITS = "trap 'exit 143' TERM; sleep 600 & wait"
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +225,7 @@ def test_steps_share_the_workspace_and_the_engine_run_concurrently_and_the_first
         {"id": "right", "name": python, "entrypoint": "bash", "waitFor": ["-"],
          "args": ["-c", "touch right && " + wait_for.format("left")]},
         {"id": "engine", "name": python, "entrypoint": "python3", "args": ["-c", ping]},
-        {"id": "slow", "name": python, "entrypoint": "sleep", "args": ["600"], "waitFor": ["engine"]},
+        {"id": "slow", "name": python, "entrypoint": "bash", "args": ["-c", WAITS], "waitFor": ["engine"]},
         {"id": "fail", "name": python, "entrypoint": "bash", "waitFor": ["engine"], "dir": "sub",
          "args": ["-c", "pwd; echo home=$$HOME; exit 3"]},
         {"id": "never", "name": python, "entrypoint": "true", "waitFor": ["fail"]},
@@ -245,7 +248,7 @@ def test_steps_share_the_workspace_and_the_engine_run_concurrently_and_the_first
 
 
 def test_a_step_past_its_timeout_ends_the_build_with_124(base_image, tmp_path):
-    config = {"steps": [{"id": "sleepy", "name": "python:3.11.17-slim-trixie", "entrypoint": "sleep", "args": ["600"],
+    config = {"steps": [{"id": "sleepy", "name": "python:3.11.17-slim-trixie", "entrypoint": "bash", "args": ["-c", WAITS],
                          "timeout": "3s"}], "timeout": "600s"}
     (tmp_path / "cloudbuild.yaml").write_text(yaml.safe_dump(config))
     result, _ = submit(".", cwd=tmp_path, timeout=600)

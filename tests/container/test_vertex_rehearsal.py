@@ -147,13 +147,16 @@ def test_a_preempted_worker_restarts_the_job_which_resumes_from_its_backup(engin
 
 
 HANDWRITTEN_POOL = {"machineSpec": {"machineType": "e2-standard-4"}, "replicaCount": 1}
+# A replica that only waits to be stopped, and stops on SIGTERM as a trainer does. (A plain `sleep`
+# as a container's first process ignores SIGTERM, so each stop waited out the 10 s grace.)
+WAITS = ["sh", "-c", "trap 'exit 143' TERM; sleep 600 & wait"]
 
 
 def test_a_configuration_error_fails_the_job_at_once_with_its_one_line(engine, cpu_image, tmp_path):
     """A non-zero exit is a "User code exception", a permanent error: Vertex shuts the job down."""
     spec = {"displayName": "bad-flag", "jobSpec": {"workerPoolSpecs": [
         {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "args": [*TRAINING, "--epochs", "0"]}},
-        {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}}]}}
+        {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": WAITS}}]}}
     result = run_local(engine, tmp_path, spec)
     assert result.returncode == 2, result.stdout[-3000:]
     error = "python -m cassava.task: error: argument --epochs: must be positive, got 0 (--help lists the flags)"
@@ -224,8 +227,8 @@ def test_a_worker_that_finishes_first_stays_finished(engine, base_image, tmp_pat
 @pytest.mark.parametrize("pool", [0, 1])
 def test_an_image_the_engine_cannot_find_ends_the_job_at_once_with_one_line(engine, cpu_image, tmp_path, pool):
     missing = "localhost/cassava-no-such-image:missing"
-    pools = [{**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}},
-             {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": ["sleep", "600"]}}]
+    pools = [{**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": WAITS}},
+             {**HANDWRITTEN_POOL, "containerSpec": {"imageUri": cpu_image, "command": WAITS}}]
     pools[pool]["containerSpec"]["imageUri"] = missing
     result = run_local(engine, tmp_path, {"jobSpec": {"workerPoolSpecs": pools}})
     assert result.returncode == 125, result.stdout[-3000:]
@@ -453,7 +456,7 @@ def test_a_wrong_preemption_is_one_line_and_exit_2(engine, tmp_path, bad):
 
 def test_scheduling_timeout_ends_the_job(engine, cpu_image, tmp_path):
     spec = {"jobSpec": {"workerPoolSpecs": [{**HANDWRITTEN_POOL, "containerSpec": {
-        "imageUri": cpu_image, "command": ["sleep", "600"]}}], "scheduling": {"timeout": "3s"}}}
+        "imageUri": cpu_image, "command": WAITS}}], "scheduling": {"timeout": "3s"}}}
     result = run_local(engine, tmp_path, spec, timeout=300)
     assert result.returncode == 124, result.stdout[-3000:]
     assert lines(result.stdout, "local-run", "ERROR")[-1] == "JOB_STATE_FAILED: the job ran past scheduling.timeout (3s)"
