@@ -60,7 +60,9 @@ def test_without_a_readable_range_the_kernel_picks(tmp_path):
 
 def test_a_range_that_leaves_nothing_below_has_the_kernel_pick(tmp_path):
     handed = ports.free_ports(2, path=range_file(tmp_path, f"{ports.LOWEST} 60999"))
-    assert len(set(handed)) == 2 and all(port >= ports.LOWEST for port in handed)
+    assert len(set(handed)) == 2
+    span = ports.ephemeral_range()  # the kernel picks from its own range (Linux)
+    assert all(span[0] <= port <= span[1] for port in handed) if span else all(port > 0 for port in handed)
 
 
 def test_this_machines_range_is_read():

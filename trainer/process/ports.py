@@ -45,27 +45,29 @@ def _bound(host: str, port: int) -> socket.socket | None:
     return sock
 
 
+def _held_port(host: str, below: range, rng: random.Random) -> socket.socket:
+    """A socket bound to a free port: a random one of `below`, ATTEMPTS tries, else the kernel's."""
+    for _ in range(ATTEMPTS if below else 0):
+        sock = _bound(host, rng.choice(below))
+        if sock is not None:
+            return sock
+    sock = _bound(host, 0)
+    if sock is None:
+        raise OSError(f"no free port on {host}")
+    return sock
+
+
 def free_ports(count: int, host: str = "127.0.0.1", *, path: Path = EPHEMERAL_RANGE,
                rng: random.Random | None = None) -> list[int]:
     """`count` distinct ports on `host`, each free when handed out, below the ephemeral range
-    where it can be read (else the kernel's choice)."""
+    where it can be read (else the kernel's choice). They are held open together, so they differ."""
     span = ephemeral_range(path)
     below = range(LOWEST, span[0]) if span and span[0] > LOWEST else range(0)
     rng = rng or random.SystemRandom()
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
-            held = None
-            for _ in range(ATTEMPTS if below else 0):
-                held = _bound(host, rng.choice(below))
-                if held is not None:
-                    break
-            if held is None:
-                held = socket.socket()
-                sockets.append(held)
-                held.bind((host, 0))
-            else:
-                sockets.append(held)
+            sockets.append(_held_port(host, below, rng))
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
