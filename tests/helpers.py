@@ -65,6 +65,15 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
                           capture_output=True, text=True, timeout=timeout)
 
 
+def launch_cassava(root: Path, *args: str, ps: int = 0, env: dict | None = None) -> subprocess.CompletedProcess:
+    """cassava.task with `args` as 2 workers (and `ps` parameter servers) through trainer.launch,
+    its work dir root/work and its model dir root/out/model."""
+    roles = ["--workers", "2"] + (["--ps", str(ps)] if ps else [])
+    return run_module("trainer.launch", *roles, "--work-dir", str(root / "work"), "--timeout", "500", "--",
+                      "python", "-m", "cassava.task", *args, "--model-dir", str(root / "out" / "model"),
+                      env=env, timeout=560)
+
+
 def run_main(main, *args: str) -> subprocess.CompletedProcess:
     """A command's `main(argv)` run in this process, as run_module would run the command: its exit
     code and what it printed. For the unit tier, which starts no process."""

@@ -20,15 +20,12 @@ def resnet50_two_worker_job(once, request, data_root) -> dict:
     test_input_wait's healthy job (its input lines) and test_mwms's ResNet50 job (its strategy line,
     its export, the worker's emptied tmp). Each ran a job of its own before (issue 53: the same
     multi-worker training twice to check two things). Returns its exit code, output and folders."""
-    from helpers import RESNET50_TWO_WORKERS, run_module
+    from helpers import RESNET50_TWO_WORKERS, launch_cassava
 
     def make() -> dict:
         root = run_root(request.config) / "resnet50-two-workers"
-        work, model_dir = root / "work", root / "out" / "model"
-        result = run_module("trainer.launch", "--workers", "2", "--work-dir", str(work), "--timeout", "500", "--",
-                            "python", "-m", "cassava.task", "--data-dir", str(data_root), *RESNET50_TWO_WORKERS,
-                            "--model-dir", str(model_dir), timeout=560)
+        result = launch_cassava(root, "--data-dir", str(data_root), *RESNET50_TWO_WORKERS)
         return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
-                "work": str(work), "model_dir": str(model_dir)}
+                "work": str(root / "work"), "model_dir": str(root / "out" / "model")}
 
     return once("resnet50 two-worker job", make)

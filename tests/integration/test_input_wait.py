@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from helpers import REPO, RESNET50_TWO_WORKERS, clean_env, run_module
+from helpers import REPO, RESNET50_TWO_WORKERS, clean_env, launch_cassava
 
 SLOW_REQUEST_SECONDS = 1.0
 SLOW_FILES = 32
@@ -75,9 +75,7 @@ HEALTHY = RESNET50_TWO_WORKERS
 
 
 def launch(tmp_path, *args, ps: int = 0, env: dict | None = None) -> str:
-    roles = ["--workers", "2"] + (["--ps", str(ps)] if ps else [])
-    result = run_module("trainer.launch", *roles, "--work-dir", str(tmp_path / "work"), "--timeout", "500", "--", "python", "-m", "cassava.task",
-                        *args, "--model-dir", str(tmp_path / "out" / "model"), env=env, timeout=560)
+    result = launch_cassava(tmp_path, *args, ps=ps, env=env)
     assert result.returncode == 0, result.stdout[-4000:]
     return result.stdout
 
