@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Mapping
 
 ENGINES = ("docker", "podman")
@@ -171,19 +172,27 @@ class Engine:
         listing when buildah cannot.
 
         A listing fails ("reading image ...: image not known") when another process removes an
-        image between its reading of the store's image list and of that image, as a build's
-        concurrent steps do here; it is listed again, up to LISTING_ATTEMPTS in all, rather than
-        read as an empty store (a build compares its listings before and after)."""
-        for _ in range(LISTING_ATTEMPTS):
-            if self.tool == "podman" and shutil.which("buildah"):
-                listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True,
-                                        text=True, env=self.environ)
-                if listed.returncode == 0:
-                    return listed.stdout.split()
-            listed = self.run("images", "--format", "{{.Repository}}:{{.Tag}}")
+        image between the listing's reading of the store's list and of that image. A build through
+        the engine's API service removes its intermediate images, one every half second or so for
+        seconds on end, so a listing beside one fails again and again. It is listed again until
+        LISTING_SECONDS have passed, never read as an empty store: a build compares its listings
+        before and after, and a leftover check must see every image. Then EngineError, one line."""
+        deadline = time.monotonic() + LISTING_SECONDS
+        while True:
+            listed = self._listing()
             if listed.returncode == 0:
                 return listed.stdout.split()
-        raise EngineError(f"{self.tool} images: {last_line(listed.stderr) or listed.returncode}")
+            if IMAGE_GONE not in listed.stderr or time.monotonic() > deadline:
+                raise EngineError(f"{self.tool} images: {last_line(listed.stderr) or listed.returncode}")
+            time.sleep(LISTING_PAUSE_SECONDS)
+
+    def _listing(self) -> subprocess.CompletedProcess:
+        if self.tool == "podman" and shutil.which("buildah"):
+            listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True,
+                                    text=True, env=self.environ)
+            if listed.returncode == 0 or IMAGE_GONE in listed.stderr:
+                return listed
+        return self.run("images", "--format", "{{.Repository}}:{{.Tag}}")
 
     def annotated_containers(self, key: str) -> dict[str, str]:
         """name -> value of every container (running or not) that carries the annotation `key`:
@@ -247,7 +256,10 @@ class Engine:
 # A build that meets it is started again: the next lookup lists the store afresh, which is what the
 # fixed buildah does. scripts/supply_chain/images.sh applies the same rule to its own builds.
 CACHE_LOOKUP_RACE = "getting top layer info: layer not known"
-LISTING_ATTEMPTS = 3
+# A listing that met an image removed under it is listed again (Engine.image_names).
+IMAGE_GONE = "image not known"
+LISTING_SECONDS = 120
+LISTING_PAUSE_SECONDS = 0.5
 BUILD_ATTEMPTS = 3
 
 
