@@ -253,14 +253,19 @@ class Engine:
 # deletes an image between the cache lookup's listing of the store's images and its reading of
 # their top layers: "checking if cached image exists from a previous build: getting top layer info:
 # layer not known" (containers/buildah#5674, #5615). Upstream now passes such an image over (#6688).
-# A build that meets it is started again: the next lookup lists the store afresh, which is what the
-# fixed buildah does. scripts/supply_chain/images.sh applies the same rule to its own builds.
+# A build that meets it is started again after a pause: the next lookup lists the store afresh,
+# which is what the fixed buildah does. The pause is there because removals come in bursts: a build
+# through the engine's API service (the Cloud Build rehearsal's steps) removes an intermediate
+# image every half second or so for seconds on end, and a build started again at once met the same
+# burst. scripts/supply_chain/images.sh and the Cloud Build stand-in `docker` apply the same rule,
+# their pause from BUILD_RETRY_PAUSE_SECONDS (the tests' 0).
 CACHE_LOOKUP_RACE = "getting top layer info: layer not known"
+BUILD_ATTEMPTS = 4
+BUILD_RETRY_PAUSE_SECONDS = 15.0
 # A listing that met an image removed under it is listed again (Engine.image_names).
 IMAGE_GONE = "image not known"
 LISTING_SECONDS = 120
 LISTING_PAUSE_SECONDS = 0.5
-BUILD_ATTEMPTS = 3
 
 
 def build_command(builder: str) -> list[str]:
@@ -275,9 +280,9 @@ def build_command(builder: str) -> list[str]:
 def build(builder: str, args: list[str], env: Mapping[str, str] | None = None, *,
           timeout: float | None = None, cwd: str | None = None, note=None) -> subprocess.CompletedProcess:
     """Runs build_command(builder) + args, captured, in the environment `env` (as given; None: this
-    process's); started again (up to BUILD_ATTEMPTS in all) only when buildah's cache lookup raced
-    an image's removal (CACHE_LOOKUP_RACE), each time with `note(line)` told why. Returns the last
-    attempt's result, whatever its exit code."""
+    process's); started again (up to BUILD_ATTEMPTS in all, BUILD_RETRY_PAUSE_SECONDS apart) only
+    when buildah's cache lookup raced an image's removal (CACHE_LOOKUP_RACE), each time with
+    `note(line)` told why. Returns the last attempt's result, whatever its exit code."""
     attempt = 1
     while True:
         result = subprocess.run([*build_command(builder), *args], capture_output=True, text=True, timeout=timeout,
@@ -287,7 +292,8 @@ def build(builder: str, args: list[str], env: Mapping[str, str] | None = None, *
         attempt += 1
         if note is not None:
             note(f"buildah's cache lookup met an image removed under it (containers/buildah#5674): "
-                 f"building again (attempt {attempt} of {BUILD_ATTEMPTS})")
+                 f"building again in {BUILD_RETRY_PAUSE_SECONDS:.0f} s (attempt {attempt} of {BUILD_ATTEMPTS})")
+        time.sleep(BUILD_RETRY_PAUSE_SECONDS)
 
 
 def last_line(text: str) -> str:

@@ -90,19 +90,21 @@ build() {
 # Docker format keeps SHELL (OCI drops it); chroot isolation works without a daemon or user
 # namespaces; --layers caches each step, so a trainer-only change rebuilds in seconds. A build whose
 # cache lookup met an image another process was removing ("getting top layer info: layer not
-# known", buildah before 1.43: containers/buildah#5674) starts again, up to 3 times in all, as
-# scripts/rehearsal/engine.py's `build` does: the next lookup lists the store afresh. Its output
-# still streams; stderr is also kept, to tell that failure from any other.
+# known", buildah before 1.43: containers/buildah#5674) starts again after a pause, up to 4 times in
+# all, as scripts/rehearsal/engine.py's `build` does: the next lookup lists the store afresh, and
+# removals come in bursts (BUILD_RETRY_PAUSE_SECONDS, default 15). Its output still streams; stderr
+# is also kept, to tell that failure from any other.
 buildah_bud() {
-  local attempt errors status
+  local attempt errors status pause=${BUILD_RETRY_PAUSE_SECONDS:-15}
   errors=$(mktemp "${TMPDIR:-/tmp}/images-build-XXXXXX")
-  for attempt in 1 2 3; do
+  for attempt in 1 2 3 4; do
     status=0
     { buildah bud --format docker --isolation chroot --layers "$@" 2>&1 1>&3 3>&- | tee "$errors" >&2; } 3>&1 || status=$?
-    if [ "$status" -eq 0 ] || [ "$attempt" -eq 3 ] || ! grep -q "getting top layer info: layer not known" "$errors"; then
+    if [ "$status" -eq 0 ] || [ "$attempt" -eq 4 ] || ! grep -q "getting top layer info: layer not known" "$errors"; then
       break
     fi
-    echo "images.sh: buildah's cache lookup met an image removed under it (containers/buildah#5674): building again (attempt $((attempt + 1)) of 3)" >&2
+    echo "images.sh: buildah's cache lookup met an image removed under it (containers/buildah#5674): building again in ${pause} s (attempt $((attempt + 1)) of 4)" >&2
+    sleep "$pause"
   done
   rm -f "$errors"
   return "$status"

@@ -35,17 +35,26 @@ echo built
     return folder / "calls"
 
 
-def test_a_build_that_raced_an_image_removal_is_started_again(tmp_path):
+@pytest.fixture
+def pauses(monkeypatch) -> list:
+    """engine.build's pauses between attempts, recorded instead of slept."""
+    slept = []
+    monkeypatch.setattr(engine.time, "sleep", slept.append)
+    return slept
+
+
+def test_a_build_that_raced_an_image_removal_is_started_again_after_a_pause(tmp_path, pauses):
     calls = fake_buildah(tmp_path / "bin", failures=2, message=RACE)
     notes = []
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
     result = engine.build("buildah", ["-t", "localhost/x:test", "."], env, note=notes.append)
     assert result.returncode == 0 and "built" in result.stdout
     assert calls.read_text().splitlines() == ["bud --format docker --isolation chroot --layers -t localhost/x:test ."] * 3
-    assert len(notes) == 2 and "containers/buildah#5674" in notes[0] and "attempt 3 of 3" in notes[1]
+    assert len(notes) == 2 and "containers/buildah#5674" in notes[0] and "attempt 3 of 4" in notes[1]
+    assert pauses == [engine.BUILD_RETRY_PAUSE_SECONDS] * 2 and engine.BUILD_RETRY_PAUSE_SECONDS > 0
 
 
-def test_a_build_stops_at_its_first_other_failure_and_after_its_last_attempt(tmp_path):
+def test_a_build_stops_at_its_first_other_failure_and_after_its_last_attempt(tmp_path, pauses):
     calls = fake_buildah(tmp_path / "other", failures=5, message="Error: building at STEP 2: exit status 1")
     result = engine.build("buildah", ["."], {"PATH": f"{tmp_path / 'other'}:/usr/bin:/bin"})
     assert result.returncode == 125 and len(calls.read_text().splitlines()) == 1
@@ -57,7 +66,7 @@ def test_a_build_stops_at_its_first_other_failure_and_after_its_last_attempt(tmp
 
 @pytest.mark.parametrize("failures, message, attempts, code", [
     (1, RACE, 2, 0),  # raced once: built on the second attempt
-    (9, RACE, 3, 125),  # raced every time: the third attempt's failure is the build's
+    (9, RACE, 4, 125),  # raced every time: the fourth attempt's failure is the build's
     (9, "Error: building at STEP 2: exit status 1", 1, 125),  # any other failure: no second attempt
 ])
 def test_images_sh_starts_a_raced_build_again_and_no_other(tmp_path, failures, message, attempts, code):
@@ -70,10 +79,11 @@ def test_images_sh_starts_a_raced_build_again_and_no_other(tmp_path, failures, m
     result = subprocess.run(["bash", "scripts/supply_chain/images.sh", "build", "tf-runtime-cpu"], cwd=REPO,
                             capture_output=True, text=True, timeout=60,
                             env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
-                                 "IMAGES_WORK": str(tmp_path / "work"), "TAG": "test", "TMPDIR": str(tmp_path)})
+                                 "IMAGES_WORK": str(tmp_path / "work"), "TAG": "test", "TMPDIR": str(tmp_path),
+                                 "BUILD_RETRY_PAUSE_SECONDS": "0"})
     assert result.returncode == code, result.stderr
     assert len(calls.read_text().splitlines()) == attempts
-    assert result.stderr.count("building again") == (attempts - 1)
+    assert result.stderr.count("building again in 0 s") == (attempts - 1)  # the pause it was given
     assert "STEP 1/2: FROM base" in result.stdout  # the build's output still streams to stdout
     assert not list(tmp_path.glob("images-build-*"))  # its kept stderr goes with it
 
@@ -83,7 +93,7 @@ STANDIN_DOCKER = REPO / "scripts/rehearsal/cloudbuild/standins/docker/docker"
 
 @pytest.mark.parametrize("failures, message, attempts, code", [
     (2, RACE, 3, 0),  # raced twice: built on the third attempt
-    (9, RACE, 3, 1),  # raced every time: the third attempt's failure is the step's
+    (9, RACE, 4, 1),  # raced every time: the fourth attempt's failure is the step's
     (9, "Error: building at STEP 2: exit status 1", 1, 1),  # any other failure: no second attempt
 ])
 def test_the_cloud_build_standin_docker_starts_a_raced_build_again_and_no_other(tmp_path, failures, message,
@@ -94,11 +104,11 @@ def test_the_cloud_build_standin_docker_starts_a_raced_build_again_and_no_other(
     calls = fake_buildah(tmp_path / "cli", failures, message, name="docker", code=1)
     result = subprocess.run(["bash", str(STANDIN_DOCKER), "build", "-t", "r/x:1", "."], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60,
-                            env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path),
+                            env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "BUILD_RETRY_PAUSE_SECONDS": "0",
                                  "REHEARSAL_DOCKER_CLI": str(tmp_path / "cli" / "docker")})
     assert result.returncode == code, result.stderr
     assert calls.read_text().splitlines() == ["build -t r/x:1 ."] * attempts
-    assert result.stderr.count("building again") == attempts - 1
+    assert result.stderr.count("building again in 0 s") == attempts - 1  # the pause it was given
     assert result.stdout.count("STEP 1/2: FROM base") == attempts and "layer not known" not in result.stdout
     assert ("built" in result.stdout) == (code == 0)
     assert not [path for path in tmp_path.iterdir() if path.name not in ("cli",)]  # its kept copy goes with it
