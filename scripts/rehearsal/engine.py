@@ -176,9 +176,9 @@ class Engine:
         container-structure-test 1.19.1 (images.sh's and Cloud Build's structure tests) commits an
         image per command test and removes them all when it ends, one every half second or so for
         up to a minute when five run at once, so a listing beside it fails again and again. It is
-        listed again until
-        LISTING_SECONDS have passed, never read as an empty store: a build compares its listings
-        before and after, and a leftover check must see every image. Then EngineError, one line."""
+        listed again until LISTING_SECONDS have passed, never read as an empty store: a build
+        compares its listings before and after, and a leftover check must see every image. Then
+        EngineError, one line."""
         deadline = time.monotonic() + LISTING_SECONDS
         while True:
             listed = self._listing()
