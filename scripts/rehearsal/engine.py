@@ -165,20 +165,25 @@ class Engine:
 
     def image_names(self) -> list[str]:
         """Every REPOSITORY:TAG of the engine's images (`<none>:<none>` for an untagged one), as
-        `ENGINE images` lists them. For podman, buildah lists them: the same store, the same rows, but
-        `podman images` first works out each image's size and children, which on a store of a few
-        hundred images takes seconds (8 s against buildah's 1 s for 583 images at load 4 here), and
-        a Cloud Build rehearsal lists twice per build, every leftover check once. podman's own
-        listing when buildah cannot.
+        `ENGINE images` lists them.
 
-        A listing fails ("reading image ...: image not known") when another process removes an
-        image between the listing's reading of the store's list and of that image.
-        container-structure-test 1.19.1 (images.sh's and Cloud Build's structure tests) commits an
-        image per command test and removes them all when it ends, one every half second or so for
-        up to a minute when five run at once, so a listing beside it fails again and again. It is
-        listed again until LISTING_SECONDS have passed, never read as an empty store: a build
-        compares its listings before and after, and a leftover check must see every image. Then
-        EngineError, one line."""
+        podman: read from its store's own record of its images (`stored_image_names`), one file
+        that containers/storage replaces whole on every change. A listing command reads that file,
+        then each image's own files, and fails ("reading image ...: image not known") when another
+        process removes an image in between. container-structure-test 1.19.1 (images.sh's and Cloud
+        Build's structure tests) commits an image per command test and removes them all when it
+        ends, one every half second or so for up to a minute when five run at once, so a listing
+        beside it failed again and again, and `buildah images` took a second on a store of 600
+        images. The command's listing only where the record cannot be found (another storage
+        driver's layout, or a store `podman info` does not describe): buildah's, else podman's.
+
+        Such a listing is listed again until LISTING_SECONDS have passed, never read as an empty
+        store: a build compares its listings before and after, and a leftover check must see every
+        image. Then EngineError, one line."""
+        if self.tool == "podman":
+            stored = stored_image_names(self.images_record())
+            if stored is not None:
+                return stored
         deadline = time.monotonic() + LISTING_SECONDS
         while True:
             listed = self._listing()
@@ -187,6 +192,18 @@ class Engine:
             if IMAGE_GONE not in listed.stderr or time.monotonic() > deadline:
                 raise EngineError(f"{self.tool} images: {last_line(listed.stderr) or listed.returncode}")
             time.sleep(LISTING_PAUSE_SECONDS)
+
+    def images_record(self) -> str | None:
+        """podman's record of its images: `<graph root>/<driver>-images/images.json`, from `podman
+        info` (asked once per Engine); None where podman does not say or the folder is not there."""
+        if not hasattr(self, "_images_record"):
+            self._images_record = None
+            info = self.run("info", "--format", "{{.Store.GraphRoot}}\t{{.Store.GraphDriverName}}")
+            root, _, driver = info.stdout.strip().partition("\t")
+            folder = os.path.join(root, f"{driver}-images")
+            if info.returncode == 0 and root and driver and os.path.isdir(folder):
+                self._images_record = os.path.join(folder, "images.json")
+        return self._images_record
 
     def _listing(self) -> subprocess.CompletedProcess:
         if self.tool == "podman" and shutil.which("buildah"):
@@ -269,6 +286,36 @@ BUILD_RETRY_PAUSE_SECONDS = 15.0
 IMAGE_GONE = "image not known"
 LISTING_SECONDS = 120
 LISTING_PAUSE_SECONDS = 0.5
+
+
+def stored_image_names(record: str | None) -> list[str] | None:
+    """REPOSITORY:TAG of every image a containers/storage images.json lists, intermediate build
+    images too (`<none>:<none>` for an image without a name, REPOSITORY:<none> for a name by
+    digest); [] when the store has no record yet (no image was ever stored); None when there is no
+    record to read or it is not one."""
+    if record is None:
+        return None
+    try:
+        with open(record, encoding="utf-8") as file:
+            images = json.load(file)
+    except FileNotFoundError:
+        return [] if os.path.isdir(os.path.dirname(record)) else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(images, list):
+        return None
+    names = []
+    for image in images:
+        stored = image.get("names") if isinstance(image, dict) else None
+        names += [_repository_tag(name) for name in stored or () if isinstance(name, str)] or ["<none>:<none>"]
+    return names
+
+
+def _repository_tag(name: str) -> str:
+    """`localhost/tf-runtime-cpu:test` as it is; a name by digest, or without a tag, as
+    REPOSITORY:<none>, as buildah lists it."""
+    repository = name.split("@", 1)[0]
+    return name if "@" not in name and ":" in name.rsplit("/", 1)[-1] else f"{repository}:<none>"
 
 
 def build_command(builder: str) -> list[str]:

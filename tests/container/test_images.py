@@ -120,6 +120,37 @@ def test_structure_tests_leave_no_podman_service_behind(engine, structure_runs):
         assert run["report"]["Fail"] == 0
 
 
+def test_the_image_names_read_from_podmans_store_record_are_the_ones_buildah_lists(engine, runtime_cpu_image):
+    """Engine.image_names reads podman's store record (scripts/rehearsal/engine.py) instead of
+    running a listing command; on the tier's real store it names what `buildah images` names. Other
+    tests add and remove tags meanwhile, so a name the record held before and after buildah's
+    listing must be in it, and every name buildah listed must be in one of the two reads."""
+    from scripts.rehearsal.engine import Engine
+
+    tool, env = engine
+    if tool != "podman":
+        pytest.skip("docker keeps no containers/storage record")
+    listing = Engine(tool, env)
+    if listing.images_record() is None:
+        pytest.fail(f"podman info names no store record this code reads: {listing.run('info').stdout[-500:]}")
+
+    def tagged(names):
+        return {name for name in names if not name.startswith("<none>")}
+
+    before = tagged(listing.image_names())
+    for _ in range(240):  # buildah's listing fails while images are removed under it (the docstring above)
+        listed = listing._listing()  # noqa: SLF001 (the command's own listing, to compare)
+        if listed.returncode == 0:
+            break
+        time.sleep(0.5)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    after = tagged(listing.image_names())
+    by_buildah = tagged(listed.stdout.split())
+    assert runtime_cpu_image in before, sorted(before)[:20]
+    assert before & after <= by_buildah, sorted((before & after) - by_buildah)
+    assert by_buildah <= before | after, sorted(by_buildah - (before | after))
+
+
 @pytest.mark.parametrize("image", ["tf-runtime-cpu", "tf-runtime-gpu", "cassava-trainer-cpu", "tf-predictor-cpu"])
 def test_print_image_sizes(image, request, base_image):
     request.getfixturevalue(FIXTURES[image])

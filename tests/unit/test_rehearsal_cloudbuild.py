@@ -313,9 +313,10 @@ def test_a_build_takes_away_only_the_artifact_registry_tags_never_another_proces
 ])
 def test_the_engines_image_names_come_from_buildah_for_podman_else_from_the_engine(monkeypatch, tool, buildah,
                                                                                     buildah_exit, listed_by):
-    """`podman images` works out every image's size and children before it prints a name (seconds on
-    a big store; a build lists twice, every leftover check once); buildah lists the same store's
-    names at once. Both in the engine's environment, both as REPOSITORY:TAG."""
+    """Where podman's store record cannot be found: `podman images` works out every image's size
+    and children before it prints a name (seconds on a big store; a build lists twice, every
+    leftover check once); buildah lists the same store's names at once. Both in the engine's
+    environment, both as REPOSITORY:TAG."""
     import subprocess
 
     from scripts.rehearsal import engine as engines
@@ -323,6 +324,8 @@ def test_the_engines_image_names_come_from_buildah_for_podman_else_from_the_engi
     calls = []
 
     def run(command, **kwargs):
+        if command[1] == "info":  # no store record to read: the command's listing
+            return subprocess.CompletedProcess(command, 125, "", "Error: no store\n")
         calls.append((command, kwargs["env"]["CONTAINERS_CONF"]))
         if command[0] == "buildah":
             assert command[1:] == ["images", "--format", "{{.Name}}:{{.Tag}}"]
@@ -357,6 +360,8 @@ def test_a_listing_that_met_a_removed_image_is_listed_again_until_its_time_is_up
     calls, pauses = [], []
 
     def run(command, **kwargs):
+        if command[1] == "info":
+            return subprocess.CompletedProcess(command, 125, "", "Error: no store\n")
         calls.append(command[0])
         if len(calls) <= failures:
             return subprocess.CompletedProcess(command, 125, "", GONE)
@@ -384,6 +389,8 @@ def test_a_listing_that_fails_for_another_reason_is_one_line_at_once(monkeypatch
     calls = []
 
     def run(command, **kwargs):
+        if command[1] == "info":
+            return subprocess.CompletedProcess(command, 125, "", "Error: no store\n")
         calls.append(command[0])
         return subprocess.CompletedProcess(command, 125, "", "Error: database is locked\n")
 
@@ -431,3 +438,70 @@ def test_the_engine_reads_each_containers_annotation_and_passes_over_those_witho
     monkeypatch.setattr(engines.subprocess, "run", run)
     assert engines.Engine("podman", {}).annotated_containers("k") == {"one": "build-1"}
     assert engines.Engine("docker", {}).annotated_containers("k") == {}
+
+
+def test_the_builds_engine_service_conf_keeps_the_projects_and_adds_its_marks_and_zstd_pushes():
+    import tomllib
+
+    from scripts.rehearsal import engine as engines
+    from scripts.rehearsal.cloudbuild.build import MADE_BY_A_STEP, service_conf
+
+    base = engines.containers_conf(hard_files=4096, hard_processes=512, systemd=False, unified_cgroups=False, runc=True)
+    read = tomllib.loads(service_conf(base, BUILD_ID))
+    project = tomllib.loads(base)
+    assert read["containers"] == {**project["containers"], "http_proxy": False,
+                                  "annotations": [f"{MADE_BY_A_STEP}={BUILD_ID}"]}
+    assert read["engine"] == {**project["engine"], "compression_format": "zstd"}
+
+
+STORED = [
+    {"id": "a1", "names": ["localhost/tf-runtime-cpu:test", "us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1"]},
+    {"id": "b2"},  # an intermediate build image: no name
+    {"id": "c3", "names": ["127.0.0.1:5000/trainers/tf-runtime-cpu@sha256:" + "0" * 64]},  # pulled by digest
+    {"id": "d4", "names": ["localhost/no-tag"]},
+]
+
+
+def test_podmans_image_names_are_read_from_its_store_record_in_one_read_without_a_listing_command(monkeypatch, tmp_path):
+    """podman's store replaces its images.json whole on every change: one read sees every image
+    with no image removed under it halfway, which failed `buildah images` for up to a minute while
+    container-structure-test removed its commits. `podman info` is asked once for where it is."""
+    import json
+    import subprocess
+
+    from scripts.rehearsal import engine as engines
+
+    (tmp_path / "overlay-images").mkdir()
+    (tmp_path / "overlay-images" / "images.json").write_text(json.dumps(STORED))
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        assert command == ["podman", "info", "--format", "{{.Store.GraphRoot}}\t{{.Store.GraphDriverName}}"]
+        return subprocess.CompletedProcess(command, 0, f"{tmp_path}\toverlay\n", "")
+
+    monkeypatch.setattr(engines.subprocess, "run", run)
+    engine = engines.Engine("podman", {})
+    expected = ["localhost/tf-runtime-cpu:test", "us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1",
+                "<none>:<none>", "127.0.0.1:5000/trainers/tf-runtime-cpu:<none>", "localhost/no-tag:<none>"]
+    assert engine.image_names() == expected
+    STORED.append({"id": "e5", "names": ["gcr.io/p/i:v1"]})
+    (tmp_path / "overlay-images" / "images.json").write_text(json.dumps(STORED))
+    assert engine.image_names() == [*expected, "gcr.io/p/i:v1"]  # read afresh each time
+    STORED.pop()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("record, expected", [
+    (None, None),  # podman named no store
+    ("missing-folder/images.json", None),  # a store laid out otherwise
+    ("overlay-images/images.json", []),  # the folder, no record yet: no image was ever stored
+    ("bad/images.json", None),  # not a record: the listing command instead
+])
+def test_a_store_record_that_cannot_be_read_says_so_and_an_empty_store_is_empty(tmp_path, record, expected):
+    from scripts.rehearsal.engine import stored_image_names
+
+    (tmp_path / "overlay-images").mkdir()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "images.json").write_text('{"truncated": ')
+    assert stored_image_names(None if record is None else str(tmp_path / record)) == expected
