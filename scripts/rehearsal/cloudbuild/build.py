@@ -158,18 +158,6 @@ def api(socket_path: str, method: str, path: str, timeout: float = 30) -> tuple[
         connection.close()
 
 
-def service_conf(base: str, build_id: str) -> str:
-    """The build's engine service's containers.conf: the project's, plus no proxy variables in the
-    containers it runs, each of them marked as this build's, and layers pushed in zstd. Docker's
-    push compresses with gzip, and gzip was most of the engine's CPU in a full build here (7 GB of
-    new layers); zstd compresses the same layers several times faster. The registry is a folder on
-    this machine that nothing deploys from: the tests read its tags and the digests they name, and
-    zstd changes the digests, not which tag names which image."""
-    conf = base.replace("[containers]\n", f'[containers]\nhttp_proxy = false\n'
-                        f'annotations = ["{MADE_BY_A_STEP}={build_id}"]\n', 1)
-    return conf.replace("[engine]\n", '[engine]\ncompression_format = "zstd"\n', 1)
-
-
 class EngineService:
     """The engine's Docker API on a socket of the build's, which every step gets as the daemon's:
     `podman system service`, with the variables that send Artifact Registry's names to the stand-in
@@ -181,7 +169,8 @@ class EngineService:
         self.socket = str(directory / "engine.sock")
         conf = directory / "containers.conf"
         base = Path(settings.environ["CONTAINERS_CONF"]).read_text()
-        conf.write_text(service_conf(base, build_id))
+        conf.write_text(base.replace("[containers]\n", f'[containers]\nhttp_proxy = false\n'
+                                     f'annotations = ["{MADE_BY_A_STEP}={build_id}"]\n', 1))
         self.log = directory / "engine-service.log"
         env = {**os.environ, **settings.environ, "CONTAINERS_CONF": str(conf), **extra}
         self.process = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{self.socket}"],
