@@ -440,20 +440,6 @@ def test_the_engine_reads_each_containers_annotation_and_passes_over_those_witho
     assert engines.Engine("docker", {}).annotated_containers("k") == {}
 
 
-def test_the_builds_engine_service_conf_keeps_the_projects_and_adds_its_marks_and_zstd_pushes():
-    import tomllib
-
-    from scripts.rehearsal import engine as engines
-    from scripts.rehearsal.cloudbuild.build import MADE_BY_A_STEP, service_conf
-
-    base = engines.containers_conf(hard_files=4096, hard_processes=512, systemd=False, unified_cgroups=False, runc=True)
-    read = tomllib.loads(service_conf(base, BUILD_ID))
-    project = tomllib.loads(base)
-    assert read["containers"] == {**project["containers"], "http_proxy": False,
-                                  "annotations": [f"{MADE_BY_A_STEP}={BUILD_ID}"]}
-    assert read["engine"] == {**project["engine"], "compression_format": "zstd"}
-
-
 STORED = [
     {"id": "a1", "names": ["localhost/tf-runtime-cpu:test", "us-central1-docker.pkg.dev/local-project/trainers/tf-runtime-cpu:build-1"]},
     {"id": "b2"},  # an intermediate build image: no name
