@@ -282,6 +282,10 @@ class JobSetRules:
             job.succeeded.add(container.key)
             if len(job.succeeded) == len(job.hostnames):
                 job.finished = "Complete"
+                # The Job controller's Completed event: a replicatedJob that depends on this one
+                # being Ready counts a Complete Job as Ready too (depends_on.reached), also when
+                # its pods' startup probes never got to succeed before they ended.
+                self.output.note(f"Job {job.name}: Complete ({len(job.succeeded)} of {len(job.hostnames)} pods succeeded)")
                 if self.succeeded():
                     return Outcome(0, "succeeded (successPolicy met)")
             return None  # whether the JobSet is stuck is judged in tick, once every exit of this poll is in
