@@ -14,8 +14,16 @@ JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 # The exit codes a pod may be retried after, the ones Kubeflow's `restartPolicy: ExitCode` retries
 # (training-operator's IsRetryableExitCode): 143 is trainer.exits.RETRYABLE (a lost cluster, a
 # preemption), 130/137/138 are signals (137: out of memory, or SIGKILL after the grace period).
-# Any other code (2: configuration or bad input; 1: a bug) fails the JobSet at once, as a TFJob fails.
+# A pod that is replaced alone (a PSS worker, the evaluator) reaches no peer's collective, so any
+# other code of its own (2: configuration or bad input; 1: a bug) fails the JobSet at once.
 RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
+# A task of a collective (an MWMS task, the PSS coordinator or a parameter server) also fails with
+# 1 when a peer is lost: a plain script's uncaught UnavailableError, milliseconds after a preempted
+# peer's SIGKILL, while that peer's pod is not yet Failed (or much later, when its node is gone). So
+# for those only the codes no lost peer can give fail the JobSet at once: bad input (2, and a
+# command that cannot be run: 126, 127, as a shell says). Any other code restarts the JobSet, at
+# most maxRestarts times, however the failures of one attempt are ordered.
+PERMANENT_EXIT_CODES = (2, 126, 127)
 GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A DNS-1035 label: what Kubernetes requires of the Service (the subdomain) and the pods' hostnames.
@@ -48,7 +56,8 @@ def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = Non
     # evaluates the last checkpoint after the chief has finished, then exits by itself.
     succeeds_with = ["chief"] + (["evaluator"] if request.pool("evaluator") else [])
     # A Job fails for a permanent exit code through its podFailurePolicy (reason PodFailurePolicy):
-    # that fails the JobSet. Any other Job failure restarts the whole JobSet (the default action),
+    # that fails the JobSet, also when another Job failed first in the same attempt (JobSet tries
+    # its rules in order over every failed Job). Any other Job failure restarts the whole JobSet (the default action),
     # at most maxRestarts times. BlockingRecreate starts no new pod until every old one is gone, so
     # a new task never reaches a task of the previous attempt under the same DNS name, and every
     # old task has written its SIGTERM backup before the new ones read it.
@@ -148,7 +157,8 @@ def _jobset_job(request: JobRequest, jobset: str, pool: Pool, pods: dict[str, in
     # a preemption, an eviction or a drain (condition DisruptionTarget) is not counted. Any other
     # task cannot rejoin alone (an MWMS collective, the coordinator, a parameter server's variables),
     # so its first failure fails its Job and the JobSet restarts whole; a disruption counts as
-    # that failure rather than ever being taken for a permanent exit code.
+    # that failure rather than ever being taken for a permanent exit code, and so does the exit 1
+    # of a peer that lost it (PERMANENT_EXIT_CODES).
     alone = pool.role == "evaluator" or (request.strategy == "pss" and pool.role == "worker")
     job_spec: dict = {
         "completionMode": "Indexed",
@@ -158,7 +168,8 @@ def _jobset_job(request: JobRequest, jobset: str, pool: Pool, pods: dict[str, in
         "podFailurePolicy": {"rules": [
             {"action": "Ignore" if alone else "Count",
              "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": list(RETRYABLE_EXIT_CODES)}},
+            {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": list(RETRYABLE_EXIT_CODES)}
+             if alone else {"operator": "In", "values": list(PERMANENT_EXIT_CODES)}},
         ]},
         "template": {"spec": pod_spec},
     }

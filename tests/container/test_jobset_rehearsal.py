@@ -108,14 +108,15 @@ def test_a_pss_jobset_with_its_evaluator_trains_and_evaluates(engine, cpu_image,
 
 
 def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path):
-    """Exit 3 matches the FailJob rule (not 130/137/138/143): no restart, the pod's code."""
+    """Exit 2 (bad input) matches the FailJob rule: no restart, the pod's code. (Which rule wins
+    when Jobs fail together: tests/unit/test_rehearsal_jobset.py.)"""
     manifest = jobset("--workers", "1", "--max-restarts", "3", "--", image=base_image)
+    commands = {"worker": "sleep 2; echo bad input >&2; exit 2", "chief": "trap 'exit 0' TERM; sleep 60 & wait"}
     for rjob in manifest["spec"]["replicatedJobs"]:
         container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
-        code = 3 if rjob["name"] == "worker" else 0
-        container["command"], container["args"] = ["sh", "-c", f"sleep 2; echo bad input >&2; exit {code}" if code else "trap 'exit 0' TERM; sleep 60 & wait"], []
+        container["command"], container["args"] = ["sh", "-c", commands[rjob["name"]]], []
     result = run_jobset(manifest, tmp_path, engine=engine)
-    assert result.returncode == 3, result.stdout[-3000:]
+    assert result.returncode == 2, result.stdout[-3000:]
     assert "(PodFailurePolicy)" in result.stdout and "FailJobSet" in result.stdout, result.stdout[-3000:]
     assert "recreates every Job" not in result.stdout
     assert leftovers(engine) == []

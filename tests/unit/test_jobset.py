@@ -14,7 +14,7 @@ import yaml
 
 from helpers import run_main
 from scripts import jobspec, submit_job
-from scripts.rehearsal.jobset import pods as rehearsal_pods
+from scripts.rehearsal.jobset import failure_policy, pods as rehearsal_pods
 from trainer import exits
 from trainer.cluster import ClusterConfigError, resolve
 
@@ -177,12 +177,21 @@ def test_pss_workers_and_the_evaluator_are_replaced_alone_and_chief_and_ps_resta
 
 @pytest.mark.parametrize("name", REQUESTS)
 def test_a_permanent_exit_code_fails_the_job_and_the_retryable_one_does_not(name):
-    for job in roles_of(manifest(name)).values():
-        on_exit = job["podFailurePolicy"]["rules"][1]
-        assert on_exit["action"] == "FailJob" and on_exit["onExitCodes"]["operator"] == "NotIn"
-        retryable = on_exit["onExitCodes"]["values"]
-        assert exits.RETRYABLE in retryable and exits.CONFIG not in retryable and 1 not in retryable
-        assert retryable == sorted(set(retryable))  # Kubernetes refuses an unordered or repeated list
+    """Bad input (2; 126 and 127, a command that cannot be run) fails any role's Job at once; a
+    retryable code never does. Exit 1 fails at once only a role replaced alone (a PSS worker, the
+    evaluator), whose code is its own: an MWMS task, the coordinator and a parameter server exit 1
+    when a preempted peer is lost (a plain script's uncaught error), so theirs restarts the JobSet."""
+    request = manifest(name)
+    pss = any(rjob["name"] == "ps" for rjob in request["spec"]["replicatedJobs"])
+    for role, job in roles_of(request).items():
+        alone = role == "evaluator" or (pss and role == "worker")
+        for code in (exits.CONFIG, 126, 127):
+            assert failure_policy.pod_failure_action(job, code, disrupted=False) == "FailJob", (role, code)
+        for code in (130, 137, 138, exits.RETRYABLE):
+            assert failure_policy.pod_failure_action(job, code, disrupted=False) == "Count", (role, code)
+        assert failure_policy.pod_failure_action(job, 1, disrupted=False) == ("FailJob" if alone else "Count"), role
+        values = job["podFailurePolicy"]["rules"][1]["onExitCodes"]["values"]
+        assert values == sorted(set(values))  # Kubernetes refuses an unordered or repeated list
 
 
 def test_failure_rule_names_are_ones_the_jobset_webhook_accepts():

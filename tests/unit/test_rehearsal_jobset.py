@@ -30,8 +30,9 @@ def job_spec(manifest: dict, role: str) -> dict:
 def test_exit_codes_the_generated_policy_fails_at_once_and_those_it_counts():
     manifest = generated("--workers", "2")
     worker = job_spec(manifest, "worker")
-    assert failure_policy.pod_failure_action(worker, 1, disrupted=False) == "FailJob"
     assert failure_policy.pod_failure_action(worker, 2, disrupted=False) == "FailJob"
+    # An MWMS task exits 1 when a peer is lost (a plain script's uncaught error): counted, not permanent.
+    assert failure_policy.pod_failure_action(worker, 1, disrupted=False) == "Count"
     for signalled in (130, 137, 138, 143):
         assert failure_policy.pod_failure_action(worker, signalled, disrupted=False) == "Count"
     # An eviction is counted for MWMS (every worker is needed), whatever the code.
@@ -136,15 +137,16 @@ class RecordingRun:
         return f"run-{name}"
 
     def exit(self, rules, key, code, fault=None):
-        container = self.alive.pop(key)
-        return rules.exited(self, container, code, fault)
+        """A poll that reaped this one exit."""
+        return self.poll(rules, {key: code}, {key: fault} if fault else None)
 
-    def poll(self, rules, codes):
+    def poll(self, rules, codes, faults=None):
         """As the runner's drive loop does: every container that ended since the last poll is
-        reaped at once, each exit is judged in turn, then tick. The first decision ends the poll."""
+        reaped at once, each exit is judged in turn (in `codes`' order), then tick. The first
+        decision ends the poll."""
         reaped = [(self.alive.pop(key), code) for key, code in codes.items()]
         for container, code in reaped:
-            decision = rules.exited(self, container, code, None)
+            decision = rules.exited(self, container, code, (faults or {}).get(container.key))
             if decision is not None:
                 return decision
         return rules.tick(self, time.monotonic())
@@ -206,6 +208,64 @@ def test_restarts_that_ignore_max_restarts_are_not_counted_towards_it():
     outcome = run.exit(rules, "demo-main-0-1", 3)
     assert outcome.code == 3 and outcome.message.endswith("(maxRestarts 1 reached)"), outcome
     assert "restart 3, not counted" in output.getvalue() and "restart 1 of 1" in output.getvalue()
+
+
+@pytest.mark.parametrize("order", [("chief", "worker"), ("worker", "chief")])
+def test_a_preempted_worker_and_the_chief_that_lost_it_restart_the_jobset_in_either_order(order):
+    """The race a plain script meets: its worker preempted (DisruptionTarget, 137 after the grace)
+    and its chief's collective failing at once (exit 1), reaped in one poll in either order: both
+    Jobs fail without a permanent code, and the JobSet restarts."""
+    manifest = generated("--name", "race", "--workers", "1", "--max-restarts", "2")
+    rules, output = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    codes = {"chief": ("race-chief-0-0", 1), "worker": ("race-worker-0-0", 137)}
+    decision = run.poll(rules, dict(codes[role] for role in order),
+                        {"race-worker-0-0": controller.parse_eviction("race-worker-0-0@1")})
+    assert isinstance(decision, runner.Restart), (decision, output.getvalue())
+    assert "restart 1 of 2" in output.getvalue() and ", as well" in output.getvalue()
+
+
+@pytest.mark.parametrize("order", [("chief", "worker"), ("worker", "chief")])
+def test_jobs_failed_in_one_poll_are_judged_by_the_first_rule_any_of_them_matches(order):
+    """JobSet tries its rules in order over every failed Job (findFirstFailedPolicyRuleAndJob): a
+    permanent exit on the chief fails the JobSet even when a preempted worker's Job failed first."""
+    manifest = generated("--name", "race", "--workers", "1", "--max-restarts", "2")
+    rules, output = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    codes = {"chief": ("race-chief-0-0", 2), "worker": ("race-worker-0-0", 137)}
+    outcome = run.poll(rules, dict(codes[role] for role in order),
+                       {"race-worker-0-0": controller.parse_eviction("race-worker-0-0@1")})
+    assert isinstance(outcome, runner.Outcome) and outcome.code == 2, outcome
+    assert outcome.message == ("failed: Job race-chief-0 failed (PodFailurePolicy): pod race-chief-0-0 exited 2 "
+                               "(failurePolicy: FailJobSet, rule permanentExitCode)")
+    assert "Job race-worker-0 failed (BackoffLimitExceeded): pod race-worker-0-0 exited 137, as well" in output.getvalue()
+    assert "recreates every Job" not in output.getvalue()
+
+
+def test_a_failed_job_is_judged_before_the_success_policy_in_the_same_poll():
+    """JobSet's reconcile runs the failurePolicy before the successPolicy: the chief's success and
+    a worker's failure, reaped together, restart the JobSet."""
+    manifest = generated("--name", "late", "--workers", "1", "--max-restarts", "1")
+    rules, _ = rules_for(manifest)
+    run = RecordingRun()
+    rules.begin(run, 0)
+    assert isinstance(run.poll(rules, {"late-chief-0-0": 0, "late-worker-0-0": 143}), runner.Restart)
+    rules.begin(run, 1)
+    assert run.poll(rules, {"late-chief-0-0": 0}).code == 0
+
+
+def test_the_first_matching_rule_picks_the_earliest_failed_job_and_none_the_earliest_of_all():
+    policy = {"rules": [{"name": "oom", "action": "FailJobSet", "onJobFailureMessagePatterns": ["exit code 137"]},
+                        {"name": "any", "action": "RestartJobSetAndIgnoreMaxRestarts", "targetReplicatedJobs": ["ps"]}]}
+    failed = [("worker", "BackoffLimitExceeded", failure_policy.BACKOFF_MESSAGE),
+              ("ps", "PodFailurePolicy", "... failed with exit code 137 matching FailJob rule at index 1"),
+              ("chief", "PodFailurePolicy", "... failed with exit code 137 matching FailJob rule at index 1")]
+    assert failure_policy.first_failed_rule_and_job(policy, failed) == (policy["rules"][0], 1)
+    assert failure_policy.first_failed_rule_and_job(policy, failed[:1]) == (None, 0)
+    assert failure_policy.first_failed_rule_and_job(policy, [failed[0], ("ps", "BackoffLimitExceeded", "")]) == (
+        policy["rules"][1], 1)
 
 
 def test_failure_rules_match_the_job_conditions_message_as_kubernetes_writes_it():

@@ -141,8 +141,10 @@ def test_no_runtime_holds_a_tf_config_and_each_pod_gets_the_jobset_variables(nam
         assert env_of({"env": env})["JOBSET_NAME"] == {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}}
 
 
-# Exit code -> what the runtime's policies do with a pod that ends so, per role.
-PERMANENT, RETRYABLE = (exits.CONFIG, 1, 3), (130, 137, 138, exits.RETRYABLE)
+# Exit code -> what the runtime's policies do with a pod that ends so, per role: bad input fails
+# any role at once; a bug's code (1, 3) only a role replaced alone, as a task of a collective also
+# exits 1 when a preempted peer is lost.
+BAD_INPUT, OWN, RETRYABLE = (exits.CONFIG, 126, 127), (1, 3), (130, 137, 138, exits.RETRYABLE)
 
 
 @pytest.mark.parametrize("name, role, alone", [(MWMS, "node", False), (PSS, "node", True), (PSS, "chief", False),
@@ -150,13 +152,17 @@ PERMANENT, RETRYABLE = (exits.CONFIG, 1, 3), (130, 137, 138, exits.RETRYABLE)
 def test_a_preempted_pod_is_retried_and_a_permanent_exit_fails_the_trainjob(name, role, alone):
     """The exit-code contract (trainer/exits.py) through the runtime's podFailurePolicy and the
     JobSet's failurePolicy: a retryable code or a disruption replaces the pod (a PSS worker or the
-    evaluator alone, uncounted when disrupted) or restarts the JobSet; any other code fails the Job
-    at once (PodFailurePolicy), which fails the JobSet."""
+    evaluator alone, uncounted when disrupted) or restarts the JobSet; bad input fails the Job at
+    once (PodFailurePolicy), which fails the JobSet, and so does any other code of a pod replaced
+    alone; a task of the collective that exits 1 restarts the JobSet."""
     spec = RUNTIMES[name]["spec"]["template"]["spec"]
     job = rjobs({"spec": spec})[role]["template"]["spec"]
     assert job["template"]["spec"]["restartPolicy"] == "Never"
-    for code in PERMANENT:
+    for code in BAD_INPUT:
         assert failure_policy.pod_failure_action(job, code, disrupted=False, container="node") == "FailJob"
+    for code in OWN:
+        assert failure_policy.pod_failure_action(job, code, disrupted=False, container="node") == (
+            "FailJob" if alone else "Count")
     for code in RETRYABLE:
         assert failure_policy.pod_failure_action(job, code, disrupted=False, container="node") == "Count"
     assert failure_policy.pod_failure_action(job, 143, disrupted=True, container="node") == ("Ignore" if alone else "Count")

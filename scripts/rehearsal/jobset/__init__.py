@@ -25,9 +25,11 @@ The rules over the pods' exits:
   back-off (10 s, doubling), and the Job fails once its containers' restarts reach backoffLimit
   (pastBackoffLimitOnFailure);
 - activeDeadlineSeconds: a Job active longer fails (DeadlineExceeded), its pods stopped;
-- a failed Job goes through the JobSet's failurePolicy (failure_policy.go): no policy fails the
-  JobSet; the first rule whose onJobFailureReasons, onJobFailureMessagePatterns and
-  targetReplicatedJobs all match decides, else RestartJobSet. RestartJobSet recreates every Job
+- the Jobs failed by the end of a poll (every exit the runner reaped at once, as one reconcile
+  sees them) go through the JobSet's failurePolicy (failure_policy.go) before its successPolicy:
+  no policy fails the JobSet; the rules are tried in order, each over every failed Job, and the
+  first whose onJobFailureReasons, onJobFailureMessagePatterns and targetReplicatedJobs all
+  match one of them decides (for the earliest such Job), else RestartJobSet. RestartJobSet recreates every Job
   while fewer than maxRestarts restarts counted towards it, else fails the JobSet;
   RestartJobSetAndIgnoreMaxRestarts recreates them uncounted. Recreate starts the new pods while
   the old ones take their grace; BlockingRecreate waits until every old pod is gone;

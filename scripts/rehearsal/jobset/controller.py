@@ -13,7 +13,7 @@ from typing import Callable
 from scripts.rehearsal.jobset import depends_on, prober, success_policy
 from scripts.rehearsal.jobset.admission import admitted
 from scripts.rehearsal.jobset.failure_policy import (BACKOFF_MESSAGE, DEADLINE_MESSAGE, DEFAULT_BACKOFF_LIMIT,
-                                                     crash_loop_delay, jobset_failure_rule, pod_failure_action,
+                                                     crash_loop_delay, first_failed_rule_and_job, pod_failure_action,
                                                      pod_failure_message)
 from scripts.rehearsal.jobset.identity import pod_identities, random_suffix
 from scripts.rehearsal.jobset.manifest import not_emulated
@@ -25,6 +25,21 @@ from scripts.rehearsal.runner import (PREFIX, Container, Fault, Outcome, Output,
 DEADLINE_EXIT = 124  # the rehearsal's exit code when a Job's activeDeadlineSeconds ended the JobSet
 EVICTION = "eviction"
 POD_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFailure:
+    """Why a Job failed: its Failed condition's reason and message, and the pod that failed it."""
+
+    reason: str
+    message: str
+    code: int  # the rehearsal's exit code should this failure end the JobSet
+    hostname: str | None  # the pod whose exit failed the Job; None for a deadline
+    at: float
+
+    def described(self, job_name: str) -> str:
+        return f"Job {job_name} failed ({self.reason}): " + (
+            f"pod {self.hostname} exited {self.code}" if self.hostname else self.message)
 
 
 @dataclasses.dataclass
@@ -40,6 +55,7 @@ class Job:
     counted_failures: int = 0  # pods failed and counted against backoffLimit (restartPolicy Never)
     restarts_in_place: int = 0  # container restarts (restartPolicy OnFailure)
     finished: str | None = None  # "Complete" or "Failed"
+    failure: JobFailure | None = None
 
     @property
     def backoff_limit(self) -> int:
@@ -275,6 +291,8 @@ class JobSetRules:
         return container.grace
 
     def exited(self, run: Run, container: Container, code: int, fault: Fault | None):
+        """One pod's exit through its Job's rules. What the JobSet does about it is decided in tick,
+        once every exit of this poll is in, as one reconcile sees every Job's status at once."""
         job = self.job_of(container.key)
         if job.finished:
             return None
@@ -286,14 +304,13 @@ class JobSetRules:
                 # being Ready counts a Complete Job as Ready too (depends_on.reached), also when
                 # its pods' startup probes never got to succeed before they ended.
                 self.output.note(f"Job {job.name}: Complete ({len(job.succeeded)} of {len(job.hostnames)} pods succeeded)")
-                if self.succeeded():
-                    return Outcome(0, "succeeded (successPolicy met)")
-            return None  # whether the JobSet is stuck is judged in tick, once every exit of this poll is in
+            return None
         if job.restart_policy == "OnFailure":
             # pastBackoffLimitOnFailure: the containers' restarts, summed over the Job's pods.
             job.restarts_in_place += 1
             if job.restarts_in_place >= max(job.backoff_limit, 1):
-                return self.job_failed(run, job, "BackoffLimitExceeded", BACKOFF_MESSAGE, code, container.key)
+                self.job_failed(run, job, "BackoffLimitExceeded", BACKOFF_MESSAGE, code, container.key)
+                return None
             delay = crash_loop_delay(job.restarts_in_place)
             self.output.note(f"{container.key} exited {code}: the kubelet restarts its container in place in "
                              f"{delay:g}s (restartPolicy OnFailure)", "WARNING")
@@ -303,35 +320,54 @@ class JobSetRules:
         action = pod_failure_action(job.spec, code, disrupted, pod.container)
         if action == "FailJob":
             message = pod_failure_message(job.spec, code, disrupted, pod, self.identities[pod.hostname]["namespace"])
-            return self.job_failed(run, job, "PodFailurePolicy", message, code, container.key)
+            self.job_failed(run, job, "PodFailurePolicy", message, code, container.key)
+            return None
         if action == "Count":
             job.counted_failures += 1
             if job.counted_failures > job.backoff_limit:
-                return self.job_failed(run, job, "BackoffLimitExceeded", BACKOFF_MESSAGE, code, container.key)
+                self.job_failed(run, job, "BackoffLimitExceeded", BACKOFF_MESSAGE, code, container.key)
+                return None
         self.output.note(f"{container.key} exited {code}: Job {job.name} recreates it ({action})", "WARNING")
         self.new_pod(run, container.key)
         return None
 
-    def job_failed(self, run: Run, job: Job, reason: str, message: str, code: int, hostname: str | None):
-        """A Job failed: its pods stop, and the JobSet's failurePolicy decides (executeFailurePolicy)."""
+    def job_failed(self, run: Run, job: Job, reason: str, message: str, code: int, hostname: str | None) -> None:
+        """A Job failed: its pods stop; the JobSet's failurePolicy decides in tick (failure_decision)."""
         job.finished = "Failed"
+        job.failure = JobFailure(reason, message, code, hostname, time.monotonic())
         run.stop([c for c in run.running() if c.key in job.hostnames])
-        failed = f"Job {job.name} failed ({reason}): " + (f"pod {hostname} exited {code}" if hostname else message)
+
+    def failure_decision(self):
+        """executeFailurePolicy over every Job failed so far in this attempt, earliest first: the
+        first rule that matches any of them decides (a permanent exit wins over a disruption that
+        failed another Job first); else RestartJobSet, for the earliest."""
+        failed = sorted((job for job in self.jobs.values() if job.failure is not None), key=lambda job: job.failure.at)
+        if not failed:
+            return None
         if self.failure_policy is None:
-            return Outcome(code, f"failed: {failed} (no failurePolicy: a failed Job fails the JobSet)")
-        rule = jobset_failure_rule(self.failure_policy, job.replicated_job, reason, message)
+            rule, index = None, 0
+        else:
+            rule, index = first_failed_rule_and_job(
+                self.failure_policy, [(job.replicated_job, job.failure.reason, job.failure.message) for job in failed])
+        job = failed[index]
+        for other in failed:
+            if other is not job:
+                self.output.note(f"{other.failure.described(other.name)}, as well", "WARNING")
+        failure, failed_line = job.failure, job.failure.described(job.name)
+        if self.failure_policy is None:
+            return Outcome(failure.code, f"failed: {failed_line} (no failurePolicy: a failed Job fails the JobSet)")
         action = rule["action"] if rule else "RestartJobSet"
         limit = int(self.failure_policy.get("maxRestarts", 0))
         if action == "FailJobSet":
-            return Outcome(code, f"failed: {failed} (failurePolicy: FailJobSet, rule {rule['name']})")
+            return Outcome(failure.code, f"failed: {failed_line} (failurePolicy: FailJobSet, rule {rule['name']})")
         if action == "RestartJobSet" and self.restarts_counted >= limit:
-            return Outcome(code, f"failed: {failed} (maxRestarts {limit} reached)")
+            return Outcome(failure.code, f"failed: {failed_line} (maxRestarts {limit} reached)")
         self.restarts += 1
         counted = action == "RestartJobSet"
         self.restarts_counted += counted
         shown = f"restart {self.restarts_counted} of {limit}" if counted else f"restart {self.restarts}, not counted"
         how = "" if self.blocking else "; Recreate: the new pods start while the old ones stop"
-        self.output.note(f"{failed}: JobSet recreates every Job ({action}, {shown}{how})", "WARNING")
+        self.output.note(f"{failed_line}: JobSet recreates every Job ({action}, {shown}{how})", "WARNING")
         return Restart(blocking=self.blocking)
 
     def succeeded(self) -> bool:
@@ -349,17 +385,23 @@ class JobSetRules:
                           "stay active until deleted")
 
     def tick(self, run: Run, now: float):
+        """After every exit of a poll: the failurePolicy over the failed Jobs, then the
+        successPolicy, as JobSet's reconcile orders them; then what time brings."""
         if self.owner_deadline is not None and now - self.created > self.owner_deadline.seconds:
             return Outcome(DEADLINE_EXIT, self.owner_deadline.message)
+        for job in self.jobs.values():
+            deadline = job.spec.get("activeDeadlineSeconds")
+            if not job.finished and deadline is not None and now - job.created > float(deadline):
+                self.job_failed(run, job, "DeadlineExceeded", f"{DEADLINE_MESSAGE} ({deadline}s)", DEADLINE_EXIT, None)
+        decision = self.failure_decision()
+        if decision is not None:
+            return decision
+        if any(job.finished == "Complete" for job in self.jobs.values()) and self.succeeded():
+            return Outcome(0, "succeeded (successPolicy met)")
         for when, hostname in [p for p in self.pending if p[0] <= now]:
             self.pending.remove((when, hostname))
             run.launch(run.last[hostname], fresh=False)  # the same container again: the same pod
             self.watch(hostname)
-        for job in self.jobs.values():
-            deadline = job.spec.get("activeDeadlineSeconds")
-            if not job.finished and deadline is not None and now - job.created > float(deadline):
-                return self.job_failed(run, job, "DeadlineExceeded", f"{DEADLINE_MESSAGE} ({deadline}s)",
-                                       DEADLINE_EXIT, None)
         self.probe(run, now)
         if len(self.launched) < len(self.rjobs):
             self.create_ready_jobs(run)

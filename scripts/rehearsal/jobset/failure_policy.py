@@ -56,19 +56,33 @@ def pod_failure_message(job_spec: dict, exit_code: int, disrupted: bool, pod: Po
 
 
 def jobset_failure_rule(failure_policy: dict, replicated_job: str, reason: str, message: str) -> dict | None:
-    """The first failurePolicy rule a failed Job matches (findFirstFailedPolicyRuleAndJob,
-    ruleIsApplicable): its reasons, message patterns and target replicatedJobs all match; None when none."""
+    """The first failurePolicy rule a failed Job matches; None when none does."""
+    rule, _ = first_failed_rule_and_job(failure_policy, [(replicated_job, reason, message)])
+    return rule
+
+
+def first_failed_rule_and_job(failure_policy: dict, failed: list[tuple[str, str, str]]) -> tuple[dict | None, int]:
+    """(rule, i): what JobSet decides over every Job failed when it looks (findFirstFailedPolicyRuleAndJob).
+    `failed`: (replicatedJob, reason, message) of each failed Job, earliest failure first. The rules
+    are tried in their order, each over every failed Job, and the first that matches one decides,
+    with the earliest such Job: so a rule written first wins whichever Job failed first. None and
+    the earliest failed Job (0) when no rule matches any."""
     for rule in failure_policy.get("rules") or []:
-        reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
-        patterns = rule.get("onJobFailureMessagePatterns") or []
-        if reasons and reason not in reasons:
-            continue
-        if patterns and not any(_search(pattern, message) for pattern in patterns):
-            continue
-        if targets and replicated_job not in targets:
-            continue
-        return rule
-    return None
+        for index, (replicated_job, reason, message) in enumerate(failed):
+            if rule_applies(rule, replicated_job, reason, message):
+                return rule, index
+    return None, 0
+
+
+def rule_applies(rule: dict, replicated_job: str, reason: str, message: str) -> bool:
+    """ruleIsApplicable: the rule's reasons, message patterns and target replicatedJobs all match."""
+    reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
+    patterns = rule.get("onJobFailureMessagePatterns") or []
+    if reasons and reason not in reasons:
+        return False
+    if patterns and not any(_search(pattern, message) for pattern in patterns):
+        return False
+    return not targets or replicated_job in targets
 
 
 def _search(pattern: str, text: str) -> bool:
