@@ -163,6 +163,29 @@ def test_sigterm_reaches_the_command_and_the_runner_exits_143():
     assert process.returncode == 143, err  # the script exited 1 after the stop: still a stop
 
 
+def test_a_plain_scripts_chief_that_loses_its_worker_exits_143_with_one_line(tmp_path):
+    """Two MultiWorkerMirrored tasks of a plain script, each under trainer.run as in its own pod:
+    the worker is killed between two collectives (tests/fixtures/ending/lost_peer.py), and the
+    chief's next one fails uncaught. Python would exit 1, which TFJob's restartPolicy ExitCode
+    takes for a bug and fails the job on; the exit hook makes it 143, after the traceback, with
+    one line naming the worker (trainer.process.peer_loss)."""
+    chief_port, worker_port = ports.free_ports(2)
+    cluster = {"chief": [f"localhost:{chief_port}"], "worker": [f"localhost:{worker_port}"]}
+    script = str(REPO / "tests" / "fixtures" / "ending" / "lost_peer.py")
+    tasks = {role: subprocess.Popen(
+        [sys.executable, "-m", "trainer.run", "--", "python", script], cwd=REPO, text=True,
+        env=clean_env(SHARED=str(tmp_path), TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": 0}})),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for role in ("chief", "worker")}
+    output = {role: process.communicate(timeout=240)[0] for role, process in tasks.items()}
+    assert tasks["worker"].returncode == 137, output["worker"][-2000:]
+    chief = output["chief"]
+    assert "chief summed 2\n" in chief and "chief summed again" not in chief, chief[-3000:]
+    assert tasks["chief"].returncode == 143, chief[-3000:]
+    last = chief.strip().splitlines()[-1]
+    assert last.startswith("trainer.run: lost worker-0 of this multi-worker job (UnavailableError: "), chief[-3000:]
+    assert last.endswith("; exit 143, retryable") and "Traceback" in chief
+
+
 def test_sigterm_reaches_every_process_of_a_shell_line():
     """The signal goes to the command's process group: a shell that waits does not forward it."""
     line = "python -c 'import time; print(\"ready\", flush=True); time.sleep(600)' & wait"

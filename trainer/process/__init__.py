@@ -5,5 +5,7 @@
 - launch.py: a whole multi-worker job on one machine, one process per task (`python -m trainer.launch`);
 - relay.py, severity.py: what the supervisors leave out of a child's stderr, and at which
   severity they write the rest;
+- exit_hook/, peer_loss.py: loaded in the command's Python processes: their orderly end, and exit
+  143 for an uncaught error that says a peer is gone;
 - stopping.py, ports.py: stopping processes as the platforms do; free ports.
 """

@@ -32,7 +32,9 @@ group; if this runner is killed outright (SIGKILL), COMMAND dies with it.
 
 It exits as trainer/exits.py's contract says: COMMAND's own exit code; 128 + N when a signal N
 ended it (SIGTERM: 143, which the platforms retry); 143 when COMMAND failed in any way after a
-SIGTERM was forwarded to it (a script may catch it and exit 1: the cause is still the stop);
+SIGTERM was forwarded to it (a script may catch it and exit 1: the cause is still the stop), or
+when a Python process of it ended on an uncaught error that says a peer of its cluster is gone
+(trainer.process.peer_loss: a chief whose worker was preempted);
 127 when COMMAND is not found and 126 when it cannot be executed, as a shell says, with one line;
 2 with one line when the cluster description or the flags are unusable.
 

@@ -1,8 +1,9 @@
 """Loaded by every Python process of a command trainer.run runs (trainer.run puts this folder on
 the command's PYTHONPATH; Python imports the first `sitecustomize` it finds as it starts): the
 process's end is made orderly with the job's other tasks, should it run MultiWorkerMirroredStrategy
-(trainer.library.ending.at_exit; nothing otherwise). Then the `sitecustomize` this one hides, if any (a
-distribution's, a virtualenv's), runs as it would have.
+(trainer.library.ending.at_exit; nothing otherwise), and an uncaught error that says a peer is
+gone ends it with 143 rather than 1 (trainer.process.peer_loss). Then the `sitecustomize` this one
+hides, if any (a distribution's, a virtualenv's), runs as it would have.
 
 Not a package: the folder holds this one module, so that nothing else of the runtime shadows a
 name of the script's."""
@@ -16,8 +17,9 @@ import sys
 
 def _install() -> None:
     from trainer.library import ending
+    from trainer.process import peer_loss
 
-    sys.excepthook = ending.note_failure(sys.excepthook)
+    sys.excepthook = peer_loss.retryable_when_a_peer_is_lost(ending.note_failure(sys.excepthook))
     atexit.register(ending.at_exit)
 
 
