@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from scripts.rehearsal import tls
+from trainer.process.ports import free_port
 
 # Artifact Registry's hosts: REGION-docker.pkg.dev, and gcr.io names it serves since Container
 # Registry's shutdown.
@@ -45,12 +46,6 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     127.0.0.1, valid for a day."""
     return tls.issue(directory, "cloud build rehearsal CA", ["*.pkg.dev", "gcr.io", "*.gcr.io"], ["127.0.0.1"],
                      names=("registry-ca.pem", "registry.pem", "registry.key"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _Front(socketserver.ThreadingMixIn, socketserver.TCPServer):
