@@ -56,3 +56,12 @@ def test_the_hook_prints_the_traceback_first_then_leaves_with_143(monkeypatch, c
     assert capsys.readouterr().err.startswith("trainer.run: lost worker-0 ")
     hook(ValueError, ValueError("a bug"), None)
     assert printed[-1] is ValueError and left == [143]  # Python's own end: exit 1
+
+
+def test_a_cluster_it_cannot_read_leaves_pythons_exit(monkeypatch):
+    left = []
+    monkeypatch.setattr(peer_loss.ending, "leave", left.append)
+    environ = {"TF_CONFIG": '{"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "chief", "index": "x"}}'}
+    hook = peer_loss.retryable_when_a_peer_is_lost(lambda *exc: None, environ)
+    hook(tf.errors.UnavailableError, tf.errors.UnavailableError(None, None, ABORTED), None)
+    assert left == []

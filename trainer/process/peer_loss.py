@@ -46,7 +46,10 @@ def retryable_when_a_peer_is_lost(hook: Callable, environ: Mapping[str, str] = o
     exit 143, the interpreter's end otherwise kept (threads joined, atexit handlers run, streams flushed)."""
     def hooked(kind, value, traceback):
         hook(kind, value, traceback)
-        line = lost_peer_line(value, environ)
+        try:
+            line = lost_peer_line(value, environ)
+        except Exception:  # a hook that fails must leave Python's own end as it was
+            line = None
         if line is None:
             return
         print(line, file=sys.stderr, flush=True)
