@@ -48,7 +48,7 @@ def retryable_when_a_peer_is_lost(hook: Callable, environ: Mapping[str, str] = o
         hook(kind, value, traceback)
         try:
             line = lost_peer_line(value, environ)
-        except Exception:  # a hook that fails must leave Python's own end as it was
+        except Exception:  # noqa: BLE001 - a hook that fails must leave Python's own end as it was
             line = None
         if line is None:
             return
