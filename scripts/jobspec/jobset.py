@@ -57,8 +57,8 @@ def jobset_manifest(request: JobRequest, namespace: str, queue: str | None = Non
     succeeds_with = ["chief"] + (["evaluator"] if request.pool("evaluator") else [])
     # A Job fails for a permanent exit code through its podFailurePolicy (reason PodFailurePolicy):
     # that fails the JobSet, also when another Job failed first in the same attempt (JobSet tries
-    # its rules in order over every failed Job). Any other Job failure restarts the whole JobSet (the default action),
-    # at most maxRestarts times. BlockingRecreate starts no new pod until every old one is gone, so
+    # its rules in order over every failed Job). Any other Job failure restarts the whole JobSet
+    # (the default action), at most maxRestarts times. BlockingRecreate starts no new pod until every old one is gone, so
     # a new task never reaches a task of the previous attempt under the same DNS name, and every
     # old task has written its SIGTERM backup before the new ones read it.
     rules = [{"name": "permanentExitCode", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]

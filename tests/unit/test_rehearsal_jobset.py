@@ -210,38 +210,40 @@ def test_restarts_that_ignore_max_restarts_are_not_counted_towards_it():
     assert "restart 3, not counted" in output.getvalue() and "restart 1 of 1" in output.getvalue()
 
 
-@pytest.mark.parametrize("order", [("chief", "worker"), ("worker", "chief")])
-def test_a_preempted_worker_and_the_chief_that_lost_it_restart_the_jobset_in_either_order(order):
-    """The race a plain script meets: its worker preempted (DisruptionTarget, 137 after the grace)
-    and its chief's collective failing at once (exit 1), reaped in one poll in either order: both
-    Jobs fail without a permanent code, and the JobSet restarts."""
-    manifest = generated("--name", "race", "--workers", "1", "--max-restarts", "2")
-    rules, output = rules_for(manifest)
+def chief_exits_beside_a_preempted_worker(chief_code: int, order: tuple[str, str]):
+    """A generated two-task JobSet whose preempted worker (DisruptionTarget, 137 after the grace)
+    and chief (`chief_code`) are reaped in one poll, in `order`: (decision, output)."""
+    rules, output = rules_for(generated("--name", "race", "--workers", "1", "--max-restarts", "2"))
     run = RecordingRun()
     rules.begin(run, 0)
-    codes = {"chief": ("race-chief-0-0", 1), "worker": ("race-worker-0-0", 137)}
+    codes = {"chief": ("race-chief-0-0", chief_code), "worker": ("race-worker-0-0", 137)}
     decision = run.poll(rules, dict(codes[role] for role in order),
                         {"race-worker-0-0": controller.parse_eviction("race-worker-0-0@1")})
-    assert isinstance(decision, runner.Restart), (decision, output.getvalue())
-    assert "restart 1 of 2" in output.getvalue() and ", as well" in output.getvalue()
+    return decision, output.getvalue()
 
 
-@pytest.mark.parametrize("order", [("chief", "worker"), ("worker", "chief")])
+BOTH_ORDERS = pytest.mark.parametrize("order", [("chief", "worker"), ("worker", "chief")])
+
+
+@BOTH_ORDERS
+def test_a_preempted_worker_and_the_chief_that_lost_it_restart_the_jobset_in_either_order(order):
+    """The race a plain script meets: its chief's collective fails at once (exit 1) as its worker
+    is preempted: both Jobs fail without a permanent code, and the JobSet restarts."""
+    decision, output = chief_exits_beside_a_preempted_worker(1, order)
+    assert isinstance(decision, runner.Restart), (decision, output)
+    assert "restart 1 of 2" in output and ", as well" in output
+
+
+@BOTH_ORDERS
 def test_jobs_failed_in_one_poll_are_judged_by_the_first_rule_any_of_them_matches(order):
     """JobSet tries its rules in order over every failed Job (findFirstFailedPolicyRuleAndJob): a
     permanent exit on the chief fails the JobSet even when a preempted worker's Job failed first."""
-    manifest = generated("--name", "race", "--workers", "1", "--max-restarts", "2")
-    rules, output = rules_for(manifest)
-    run = RecordingRun()
-    rules.begin(run, 0)
-    codes = {"chief": ("race-chief-0-0", 2), "worker": ("race-worker-0-0", 137)}
-    outcome = run.poll(rules, dict(codes[role] for role in order),
-                       {"race-worker-0-0": controller.parse_eviction("race-worker-0-0@1")})
+    outcome, output = chief_exits_beside_a_preempted_worker(2, order)
     assert isinstance(outcome, runner.Outcome) and outcome.code == 2, outcome
     assert outcome.message == ("failed: Job race-chief-0 failed (PodFailurePolicy): pod race-chief-0-0 exited 2 "
                                "(failurePolicy: FailJobSet, rule permanentExitCode)")
-    assert "Job race-worker-0 failed (BackoffLimitExceeded): pod race-worker-0-0 exited 137, as well" in output.getvalue()
-    assert "recreates every Job" not in output.getvalue()
+    assert "Job race-worker-0 failed (BackoffLimitExceeded): pod race-worker-0-0 exited 137, as well" in output
+    assert "recreates every Job" not in output
 
 
 def test_a_failed_job_is_judged_before_the_success_policy_in_the_same_poll():

@@ -344,11 +344,8 @@ class JobSetRules:
         failed = sorted((job for job in self.jobs.values() if job.failure is not None), key=lambda job: job.failure.at)
         if not failed:
             return None
-        if self.failure_policy is None:
-            rule, index = None, 0
-        else:
-            rule, index = first_failed_rule_and_job(
-                self.failure_policy, [(job.replicated_job, job.failure.reason, job.failure.message) for job in failed])
+        rule, index = first_failed_rule_and_job(  # no policy: no rule, the earliest failed Job
+            self.failure_policy or {}, [(job.replicated_job, job.failure.reason, job.failure.message) for job in failed])
         job = failed[index]
         for other in failed:
             if other is not job:

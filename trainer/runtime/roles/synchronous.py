@@ -57,8 +57,8 @@ def train(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str,
     def lost_peer(error: tf.errors.OpError, resume: str) -> str | None:
         if not cluster.is_distributed:
             return None
-        return (f"lost {peers.lost_peer(error, (cluster.task_type, cluster.task_index))} of this {strategy_name} job "
-                f"({type(error).__name__}: "
+        peer = peers.lost_peer(error, (cluster.task_type, cluster.task_index))
+        return (f"lost {peer} of this {strategy_name} job ({type(error).__name__}: "
                 f"{peers.error_summary(error)}); a restart resumes at {resume}")
 
     return training.train(
