@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-UV_VERSION=0.13.9
+UV_VERSION=$(sed -n "s/^uv==//p" requirements/uv.in)  # the one pin of uv: requirements/uv.in
 usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 tensorflow="" out=""
 while [ $# -gt 0 ]; do
@@ -183,8 +183,9 @@ for lock in locks:
     open(path, "w").write(text)
 PY
 
-# Lists of their own: the venvs' pip, Cloud Build's tools, the SBOM generators every image runs during its build (and
+# Lists of their own: uv (setup_venv.sh's installer), the venvs' pip, Cloud Build's tools, the SBOM generators every image runs during its build (and
 # then deletes), and Vertex AI's prebuilt prediction runtime's TensorFlow for the serving tests.
+standalone requirements/uv.in requirements/uv.lock
 standalone images/pip.in images/pip.lock
 standalone images/cloudbuild-tools.in images/cloudbuild-tools.lock
 standalone images/sbom/requirements.in images/sbom/requirements.lock

@@ -44,7 +44,8 @@ DECLARING_FILES = DOCKERFILES + ("cloudbuild.yaml",)
 PINNED_FILES = DECLARING_FILES + ("images/triggers/refresh-bases.cloudbuild.yaml",)
 LOCKS = ("images/cpu/requirements.lock", "images/gpu/requirements.lock", "images/serving/requirements.lock",
          "images/cassava/requirements.lock", "images/pip.lock", "images/cloudbuild-tools.lock",
-         "images/sbom/requirements.lock", "requirements/dev.lock", "requirements/serving-runtime.lock")
+         "images/sbom/requirements.lock", "requirements/dev.lock", "requirements/serving-runtime.lock",
+         "requirements/uv.lock")
 PIN_LINE = re.compile(r"^(?:ARG (?:BASE_IMAGE|PYTHON_IMAGE)=|  _\w+_IMAGE: )(\S+)$", re.M)
 PIN = re.compile(r"^(?P<name>[^:@\s]+):(?P<tag>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 PATCH_TAG = re.compile(r"^(?P<minor>\d+\.\d+)\.\d+(?P<variant>-.+)?$")
