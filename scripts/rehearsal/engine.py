@@ -26,6 +26,7 @@ Standard library only: scripts/supply_chain/engine.sh runs this file with whatev
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import resource
@@ -181,7 +182,7 @@ class Engine:
         store: a build compares its listings before and after, and a leftover check must see every
         image. Then EngineError, one line."""
         if self.tool == "podman":
-            stored = stored_image_names(self.images_record())
+            stored = stored_image_names(self.images_record)
             if stored is not None:
                 return stored
         deadline = time.monotonic() + LISTING_SECONDS
@@ -193,17 +194,16 @@ class Engine:
                 raise EngineError(f"{self.tool} images: {last_line(listed.stderr) or listed.returncode}")
             time.sleep(LISTING_PAUSE_SECONDS)
 
+    @functools.cached_property
     def images_record(self) -> str | None:
         """podman's record of its images: `<graph root>/<driver>-images/images.json`, from `podman
         info` (asked once per Engine); None where podman does not say or the folder is not there."""
-        if not hasattr(self, "_images_record"):
-            self._images_record = None
-            info = self.run("info", "--format", "{{.Store.GraphRoot}}\t{{.Store.GraphDriverName}}")
-            root, _, driver = info.stdout.strip().partition("\t")
-            folder = os.path.join(root, f"{driver}-images")
-            if info.returncode == 0 and root and driver and os.path.isdir(folder):
-                self._images_record = os.path.join(folder, "images.json")
-        return self._images_record
+        info = self.run("info", "--format", "{{.Store.GraphRoot}}\t{{.Store.GraphDriverName}}")
+        root, _, driver = info.stdout.strip().partition("\t")
+        folder = os.path.join(root, f"{driver}-images")
+        if info.returncode == 0 and root and driver and os.path.isdir(folder):
+            return os.path.join(folder, "images.json")
+        return None
 
     def _listing(self) -> subprocess.CompletedProcess:
         if self.tool == "podman" and shutil.which("buildah"):

@@ -131,7 +131,7 @@ def test_the_image_names_read_from_podmans_store_record_are_the_ones_buildah_lis
     if tool != "podman":
         pytest.skip("docker keeps no containers/storage record")
     listing = Engine(tool, env)
-    if listing.images_record() is None:
+    if listing.images_record is None:
         pytest.fail(f"podman info names no store record this code reads: {listing.run('info').stdout[-500:]}")
 
     def tagged(names):
