@@ -41,7 +41,7 @@ step() {
 prebuild_images() {
   source scripts/supply_chain/engine.sh
   local base=${BASE_IMAGE:-}
-  [ -n "$base" ] || base=$(flock "$IMAGES_WORK/test-build-standin.lock" scripts/supply_chain/standin_base.sh | tail -n 1)
+  [ -n "$base" ] || base=$(scripts/supply_chain/standin_base.sh | tail -n 1)  # under its own lock
   for image in tf-runtime-cpu cassava-trainer-cpu tf-predictor-cpu tf-runtime-gpu cassava-trainer-gpu; do
     BASE_IMAGE=$base TAG=test flock "$IMAGES_WORK/test-build-$image.lock" scripts/supply_chain/images.sh build "$image"
   done

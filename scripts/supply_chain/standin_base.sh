@@ -17,7 +17,17 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 minor=$(sed -n 's/^ARG PYTHON_MINOR=//p' Dockerfile.cpu)
 image="localhost/standin-python:${minor}-bookworm-$(sha256sum scripts/supply_chain/standin_base.sh | cut -c1-12)"
-if $ENGINE image exists "$image" 2>/dev/null || $ENGINE image inspect "$image" >/dev/null 2>&1; then
+have_image() { $ENGINE image exists "$image" 2>/dev/null || $ENGINE image inspect "$image" >/dev/null 2>&1; }
+if have_image; then
+  echo "$image"; exit 0
+fi
+# One build at a time, and a caller that waited takes the one just made: scripts/test.sh's
+# background builds, the container tier's fixture and a Cloud Build rehearsal's stand-ins each ask
+# for this image, and all of them build in the same $IMAGES_WORK/standin-rootfs. (Unlocked, a
+# rehearsal's build removed that folder under the background build's debootstrap, and both failed.)
+exec {lock}>"$IMAGES_WORK/standin-base.lock"
+flock "$lock"
+if have_image; then
   echo "$image"; exit 0
 fi
 # The interpreter's installation prefix: a python.org build installed under a prefix of its own
