@@ -78,4 +78,6 @@ if [ -n "$prebuild" ]; then
   cat "$logs/images-in-background.said"
 fi
 echo "test.sh: $((SECONDS - started)) s in all: setup $((tests_began - started)) s, tests $((SECONDS - tests_began)) s (exit $code)"
+# The steps' logs are kept for a run that failed, and named in its output; a green run leaves none.
+[ "$code" -ne 0 ] || rm -rf "$logs"
 exit "$code"
