@@ -24,7 +24,8 @@ fi
 # One build at a time, and a caller that waited takes the one just made: scripts/test.sh's
 # background builds, the container tier's fixture and a Cloud Build rehearsal's stand-ins each ask
 # for this image, and all of them build in the same $IMAGES_WORK/standin-rootfs. (Unlocked, a
-# rehearsal's build removed that folder under the background build's debootstrap, and both failed.)
+# Cloud Build rehearsal's debootstrap found its packages gone: the background build, finishing in
+# the same folder, had removed them.)
 exec {lock}>"$IMAGES_WORK/standin-base.lock"
 flock "$lock"
 if have_image; then
