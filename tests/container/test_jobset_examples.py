@@ -35,12 +35,14 @@ def driver_ready_example(image: str) -> dict:
     """startup-driver-ready with two sleeps shortened, the only change besides the image: its driver
     sleeps 1000 s (17 minutes) and its workers 100 s, and the JobSet succeeds only when all have
     ended. The driver still outlives its 30 s readinessProbe delay, so the workers still wait for
-    it to be Ready, as in the example."""
+    it to be Ready, as in the example. By 45 s: with 10 s, a rehearsal from nothing on 2 busy cores
+    saw the driver end before its probe had run, and a pod that succeeded counts as Ready to JobSet,
+    so the workers started with no probe line to order them by."""
     manifest = swapped("startup-policy/startup-driver-ready.yaml", image)
     driver, workers = (rjob["template"]["spec"]["template"]["spec"]["containers"][0]
                        for rjob in manifest["spec"]["replicatedJobs"])
     assert (driver["args"], workers["args"]) == (["1000s"], ["100s"])  # as JobSet ships it
-    driver["args"], workers["args"] = ["40s"], ["5s"]
+    driver["args"], workers["args"] = ["75s"], ["5s"]
     return manifest
 
 
