@@ -45,6 +45,10 @@ Where it departs from `fit`, and why:
 - Under the mirrored strategies, batch-norm statistics and other non-trainable float variables
   are averaged over the replicas at each epoch's end (`sync_state`): Keras 3 updates them on each
   replica alone, so without it every worker would save statistics of its own share of the data.
+- Under mixed_float16 with more than one replica, the replicas agree whether a step's gradients
+  overflowed before the LossScaleOptimizer judges them (one number all-reduced): Keras judges each
+  replica's own gradients, and replicas that judge differently hang at the gradients' all-reduce
+  (across workers) or sum one replica's inf into the weights (one worker's CPUs).
 - A caller may measure each step's wait for its batch: `Steps(..., input_wait=...)` takes an
   object with `record(waited, stepped)` and `reset()` (trainer/library/input_wait.py is one),
   which each replica's step then hands two spans measured inside it, outside any XLA region.
@@ -140,6 +144,7 @@ class Steps:
         self.steps_per_execution = steps_per_execution
         self.coordinator = coordinator
         self.replicas = strategy.num_replicas_in_sync
+        self._overflow_is_agreed = self.replicas > 1 and isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         self.input_wait = input_wait
         self._gradients = tf.function(self._forward_backward, jit_compile=True) if jit_compile else self._forward_backward
         self._train = tf.function(self._train_steps)
@@ -208,8 +213,28 @@ class Steps:
     def _step(self, batch) -> None:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         gradients, increments = self._gradients(x, y, sample_weight)
+        if self._overflow_is_agreed:
+            gradients = self._skipped_by_all_if_any_overflowed(gradients)
         self.optimizer.apply(gradients, self.model.trainable_variables)
         self._add_to_metrics(increments)
+
+    def _skipped_by_all_if_any_overflowed(self, gradients: list) -> list:
+        """This replica's gradients, or, if any replica's overflowed, non-finite ones.
+
+        Keras 3.15's LossScaleOptimizer judges overflow on the gradients it is handed, this
+        replica's own, before its inner optimizer all-reduces them, and skips the step where they
+        are not finite. Replicas that judge differently part ways: across workers the finite ones
+        enter the gradients' all-reduce and the others never do, and the job hangs (rehearsed CI,
+        mixed_float16 on 2 workers: 600 s); within one worker on CPUs Keras takes the first
+        replica's verdict for all of them, and another replica's inf is summed into every weight.
+        A one-number all-reduce makes the verdict the one the all-reduced gradients would give:
+        every replica skips the step, and halves the scale, if any overflowed."""
+        overflowed_here = tf.cast(tf.logical_not(self.optimizer.check_finite(gradients)), tf.float32)
+        overflowed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, overflowed_here)
+
+        present = [g for g in gradients if g is not None]  # a branch of tf.cond returns no None
+        chosen = iter(tf.cond(overflowed > 0, lambda: [_times_nan(g) for g in present], lambda: present))
+        return [None if g is None else next(chosen) for g in gradients]
 
     def _train_step(self, batch) -> None:
         if self.input_wait is None:
@@ -315,6 +340,14 @@ class Steps:
         if self.steps_per_execution == 1:
             return self._train_one.get_concrete_function(iterator).graph
         return self._train.get_concrete_function(iterator, tf.constant(self.steps_per_execution)).graph
+
+
+def _times_nan(gradient):
+    """`gradient` with every value NaN (a sparse gradient's values)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.constant(float("nan"), gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.constant(float("nan"), gradient.dtype)
 
 
 def _atomic_counter(variable: keras.Variable) -> None:
