@@ -15,7 +15,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-UV_VERSION=$(sed -n "s/^uv==//p" requirements/uv.in)  # the one pin of uv: requirements/uv.in
 usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 tensorflow="" out=""
 while [ $# -gt 0 ]; do
@@ -35,10 +34,11 @@ fi
 # The images' Python minor, from the one place that names it (ARG PYTHON_MINOR in Dockerfile.cpu).
 PYTHON_MINOR=$(sed -n 's/^ARG PYTHON_MINOR=//p' Dockerfile.cpu)
 [ -n "$PYTHON_MINOR" ] || { echo "lock.sh: Dockerfile.cpu names no ARG PYTHON_MINOR" >&2; exit 2; }
-if ! command -v uv >/dev/null; then
-  python3 -m pip install --quiet "uv==${UV_VERSION}" \
-    || { echo "lock.sh: could not install uv ${UV_VERSION} from PyPI" >&2; exit 1; }
-fi
+# uv at requirements/uv.lock's pin, installed by its hashes when PATH has another (pinned_uv.sh).
+tools=$(mktemp -d)
+trap 'rm -rf "$tools"' EXIT
+uv=$(bash scripts/supply_chain/pinned_uv.sh "$tools/uv")
+PATH="$(dirname "$uv"):$PATH"
 
 # Where the locks go: the repo itself, or OUT with the same layout.
 repo=$PWD root=$PWD

@@ -1,5 +1,5 @@
 """scripts/setup_venv.sh: uv, pinned by hash in a lock of its own, puts each venv together from its
-hash-pinned lock, bytecode compiled; lock.sh compiles the locks with the same uv."""
+hash-pinned lock, bytecode compiled; lock.sh compiles the locks with the same uv, by the same hashes."""
 
 import importlib.metadata
 import re
@@ -27,9 +27,13 @@ def test_setup_venv_installs_uv_from_its_lock_and_the_venv_with_hashes_and_bytec
     assert 'cat "$lock" requirements/uv.lock | sha256sum' in script
 
 
-def test_lock_sh_compiles_with_the_pinned_uv_and_compiles_its_lock():
+def test_lock_sh_compiles_with_the_uv_its_lock_pins_and_compiles_that_lock():
+    """lock.sh puts pinned_uv.sh's uv first on PATH before its first `uv pip compile`
+    (tests/integration/test_pinned_uv.py runs pinned_uv.sh)."""
     script = (REPO / "scripts" / "supply_chain" / "lock.sh").read_text()
-    assert 'UV_VERSION=$(sed -n "s/^uv==//p" requirements/uv.in)' in script
+    pinned = script.index('uv=$(bash scripts/supply_chain/pinned_uv.sh "$tools/uv")\nPATH="$(dirname "$uv"):$PATH"')
+    assert pinned < script.index("uv pip compile")
+    assert not re.search(r"pip install[^\n]*uv==", script)  # no uv fetched by name alone
     assert "standalone requirements/uv.in requirements/uv.lock" in script
 
 
