@@ -39,6 +39,13 @@ import tensorflow as tf
 
 from trainer import inputs
 
+# Every function this module hands tf.data is written in TensorFlow ops already (tf.cond, not
+# `if`), so AutoGraph has nothing to convert. Converting them anyway (reading each one's source,
+# parsing and rewriting it) doubled what building a task's two pipelines costs, once per process:
+# 1.27 CPU s against 0.66 traced as written (benchmarks/pipeline_startup.py, 2-core AMD EPYC family
+# 25), about a tenth of a small test job's task.
+as_written = tf.autograph.experimental.do_not_convert
+
 # --cache-images auto caches when the estimate fits in this fraction of available memory.
 CACHE_MEMORY_FRACTION = 0.25
 
@@ -130,8 +137,8 @@ def encoded_records(split: Split, context: tf.distribute.InputContext, training:
         if shuffle_files:
             files = files.shuffle(len(split.files), reshuffle_each_iteration=True)
         dataset = files.interleave(
-            lambda path, file_index: tf.data.Dataset.zip(
-                (tf.data.TFRecordDataset(path), tf.data.Dataset.from_tensors(file_index).repeat())),
+            as_written(lambda path, file_index: tf.data.Dataset.zip(
+                (tf.data.TFRecordDataset(path), tf.data.Dataset.from_tensors(file_index).repeat()))),
             cycle_length=min(len(split.files), 8),
             num_parallel_calls=parallel_reads(split.files),
             deterministic=not shuffle_files,
@@ -159,7 +166,7 @@ def records(split: Split, context: tf.distribute.InputContext, training: bool,
     (make_dataset parses inside its decode instead, which saves a function call per record.)"""
     parse, names = record_parser(split), tf.constant(file_names(split))
     return encoded_records(split, context, training, shuffle_buffer, seed).map(
-        lambda record, file_index: {**parse(record), "file": tf.gather(names, file_index)},
+        as_written(lambda record, file_index: {**parse(record), "file": tf.gather(names, file_index)}),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
 
 
@@ -247,7 +254,8 @@ def decoded_batches(encoded: tf.data.Dataset, parse, batch_size: int, image_size
 
     def decode_window(record_window, file_window):
         held = file_window.cardinality()
-        batch = tf.data.Dataset.zip((record_window, file_window)).map(decode).ignore_errors(log_warning=True)
+        batch = tf.data.Dataset.zip((record_window, file_window)).map(as_written(decode))
+        batch = batch.ignore_errors(log_warning=True)
         batch = batch.batch(batch_size)
         # A window whose every image was dropped still sends a batch, empty: its count must arrive.
         empty = {key: tf.zeros((0, *spec.shape[1:]), spec.dtype) for key, spec in batch.element_spec.items()}
@@ -256,7 +264,7 @@ def decoded_batches(encoded: tf.data.Dataset, parse, batch_size: int, image_size
         def name_dropped(decoded_ids):
             # Only when something was dropped: the window's ids are read again, the decoded ones
             # taken out, and the rest named, a line each.
-            ids = tf.data.Dataset.zip(record_window).map(lambda record: parse(record)["id"])
+            ids = tf.data.Dataset.zip(record_window).map(as_written(lambda record: parse(record)["id"]))
             ids = ids.batch(batch_size).get_single_element()
             dropped = tf.sets.difference(ids[tf.newaxis], decoded_ids[tf.newaxis]).values
             lines = tf.strings.reduce_join(tf.strings.join(['trainer: skipping undecodable image "', dropped, '"']),
@@ -268,14 +276,14 @@ def decoded_batches(encoded: tf.data.Dataset, parse, batch_size: int, image_size
             with tf.control_dependencies([named]):  # kept: a tf.data function prunes what nothing uses
                 return {**b, "records": tf.identity(held)}
 
-        return batch.map(counted)
+        return batch.map(as_written(counted))
 
     # Each window's records are decoded by the one thread that runs its cycle: the window's map
     # must stay sequential, which make_dataset's options see to (map_parallelization off). One
     # window per core is in flight, so the decoded images held at once are cores x batch_size
     # (and the prefetched batches): 16 cores and 512 images of 300 px hold 2.2 GB.
     return encoded.window(batch_size).interleave(
-        decode_window, cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE,
+        as_written(decode_window), cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic)
 
 
@@ -305,8 +313,8 @@ def checked_batches(batches: tf.data.Dataset, max_bad: int, num_classes: int,
         with tf.control_dependencies([labels_known, within]):
             return tf.identity(dropped), {"image": batch["image"], "label": tf.identity(label), "id": batch["id"]}
 
-    checked = batches.scan(tf.constant(0, tf.int64), check)
-    return checked.filter(lambda batch: tf.size(batch["label"]) > 0)
+    checked = batches.scan(tf.constant(0, tf.int64), as_written(check))
+    return checked.filter(as_written(lambda batch: tf.size(batch["label"]) > 0))
 
 
 def too_many_bad_examples(error: BaseException) -> bool:
@@ -403,14 +411,15 @@ def make_dataset(
             # and epoch 1 is the one that decodes.
             mixed = max(1, options.shuffle_buffer // batch_size)
             later = dataset.shuffle(10_000, seed=options.seed, reshuffle_each_iteration=True).interleave(
-                lambda batch: tf.data.Dataset.from_tensors(batch).unbatch(), cycle_length=mixed, block_length=1)
+                as_written(lambda batch: tf.data.Dataset.from_tensors(batch).unbatch()), cycle_length=mixed,
+                block_length=1)
             later = later.shuffle(batch_size, seed=options.seed, reshuffle_each_iteration=True)
             dataset = first_pass.concatenate(later.repeat().batch(batch_size, drop_remainder=True))
         else:
             dataset = first_pass.repeat()  # the records are reshuffled on every pass
     if options.trace_path:
-        dataset = dataset.map(_tracer(options.trace_path))
-    dataset = dataset.map(lambda b: (b["image"], b["label"]))
+        dataset = dataset.map(as_written(_tracer(options.trace_path)))
+    dataset = dataset.map(as_written(lambda b: (b["image"], b["label"])))
 
     dataset_options = tf.data.Options()
     # Sharding is done above, before decoding; tf.distribute must not shard again.

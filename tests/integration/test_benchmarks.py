@@ -329,3 +329,37 @@ def test_the_cpu_of_a_process_tree_counts_its_children():
     finally:
         child.kill()
         child.wait()
+
+
+def test_pipeline_startup_benchmark_measures_both_ways_in_alternating_rounds_and_writes_its_results_file(tmp_path):
+    argv = ["--rounds", "2", "--images", "16", "--results-dir", str(tmp_path)]
+    days = {datetime.date.today().isoformat()}
+    result = subprocess.run([sys.executable, "benchmarks/pipeline_startup.py", *argv], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=600)
+    days.add(datetime.date.today().isoformat())
+    assert result.returncode == 0, result.stderr[-3000:]
+    rounds_run = re.findall(r"^round (\d): (converted|as written) +(\d+\.\d\d) CPU s", result.stdout, re.M)
+    # Alternating: each round starts with the configuration the one before ended with.
+    assert [(number, name) for number, name, _ in rounds_run] == [
+        ("1", "converted"), ("1", "as written"), ("2", "as written"), ("2", "converted")], result.stdout
+    cpu = {name: sorted(float(seconds) for _, each, seconds in rounds_run if each == name)
+           for name in ("converted", "as written")}
+    assert all(seconds > 0 for both in cpu.values() for seconds in both)
+    medians = {name: float(re.search(rf"^{name}: median (\d+\.\d\d) CPU s over 2 rounds$", result.stdout, re.M).group(1))
+               for name in cpu}
+    for name, both in cpu.items():
+        assert abs(medians[name] - statistics.median(both)) <= 0.0051, (name, both, medians)
+    ratio, saved = re.search(r"^as written / converted: x(\d+\.\d\d) of the CPU \(([+-]\d+\.\d\d) s saved per process\)$",
+                             result.stdout, re.M).groups()
+    assert abs(float(ratio) - medians["as written"] / medians["converted"]) <= \
+        rounding_of_a_ratio(medians["as written"], medians["converted"], 0.005)
+    assert abs(float(saved) - (medians["converted"] - medians["as written"])) <= 0.016  # two roundings
+    text = results_file(tmp_path, "pipeline_startup", result.stdout, argv, days)
+    assert "| 2 | " in text and "as written / converted: x" in text
+
+    bad = subprocess.run([sys.executable, "benchmarks/pipeline_startup.py", "--rounds", "0"], cwd=REPO,
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "python benchmarks/pipeline_startup.py: error: --rounds must be at least 1 and --images at least 8 "
+        "(--help lists the flags)"]

@@ -1,0 +1,139 @@
+"""What building cassava's input pipeline costs a process before its first batch: its functions
+traced as written (cassava.data.as_written, the default) against converted by AutoGraph first
+(tf.data's default, the baseline), in one run.
+
+    python benchmarks/pipeline_startup.py [--rounds 5] [--images 64] [--image-size 32] [--results-dir DIR]
+
+Every training process of every job pays it once: a job's tasks each build a training and a
+validation pipeline, and AutoGraph's conversions are cached only within a process. So each
+measurement is a fresh process that imports TensorFlow, then times (CPU seconds of every thread)
+building both pipelines and taking each one's first batch. The two configurations alternate,
+each round starting with the other one, and each round records what other processes used
+meanwhile (benchmarks/rounds.py). The summary gives each one's median and their ratio; the table
+goes to benchmarks/results/pipeline_startup/KIND.md (benchmarks/machine.py), the raw figures to
+KIND.json beside it, unless --results-dir ''.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
+from trainer import cli  # noqa: E402
+import rounds  # noqa: E402
+
+CONFIGURATIONS = ("converted", "as written")
+
+# One measurement, in a process of its own: argv is the configuration, the records' folder, the
+# number of images and the image size. Prints the CPU seconds as JSON.
+_MEASURE = """
+import json, sys
+import tensorflow as tf
+sys.path[:0] = [sys.argv[5], sys.argv[5] + "/benchmarks"]
+import rounds
+from cassava import data, synthetic
+if sys.argv[1] == "converted":
+    data.as_written = lambda function: function  # tf.data's own default: AutoGraph converts each function
+files = tuple(sorted(str(path) for path in __import__("pathlib").Path(sys.argv[2]).glob("train-*.tfrecord")))
+split = data.Split(name="train", num_examples=int(sys.argv[3]), class_names=synthetic.CLASS_NAMES, files=files)
+before = rounds.own_cpu_seconds()
+for training in (True, False):
+    options = data.PipelineOptions(image_size=int(sys.argv[4]), per_replica_batch_size=4, training=training,
+                                   cache=training, seed=0)
+    next(iter(data.make_dataset(split, options)))
+print(json.dumps({"cpu": rounds.own_cpu_seconds() - before}))
+"""
+
+
+def generate(directory: str, images: int) -> None:
+    code = ("import sys; from cassava import records, synthetic\n"
+            "records.write_shards(synthetic.examples(int(sys.argv[2]), 0, 'bench', (64, 64)), sys.argv[1], 'train', 4)")
+    subprocess.run([sys.executable, "-c", code, directory, str(images)], cwd=REPO, check=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=subprocess.DEVNULL)
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(configuration: str, directory: str, images: int, image_size: int) -> tuple[float, float]:
+    """(CPU seconds the pipelines took, cores' worth other processes used meanwhile: the machine's
+    busy time less the whole measuring process's)."""
+    timer = rounds.Timer(cpu=children_cpu_seconds).start()
+    result = subprocess.run([sys.executable, "-c", _MEASURE, configuration, directory, str(images), str(image_size),
+                             str(REPO)], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    if result.returncode != 0:
+        raise SystemExit(f"pipeline_startup: the {configuration} measurement failed: "
+                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    cpu = json.loads(result.stdout.strip().splitlines()[-1])["cpu"]
+    return cpu, timer.sample(1).others
+
+
+def main(argv=None) -> int:
+    parser = cli.OneLineParser(prog="python benchmarks/pipeline_startup.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, each measuring both (default 5)")
+    parser.add_argument("--images", type=int, default=64, help="generated images the pipelines read (default 64)")
+    parser.add_argument("--image-size", type=int, default=32, help="the pipelines' image size (default 32)")
+    parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
+                        help="where the table goes, in PIPELINE_STARTUP/KIND.md ('' to only print it)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.images < 8:
+        parser.error("--rounds must be at least 1 and --images at least 8")
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
+    with tempfile.TemporaryDirectory(prefix="pipeline-startup-") as directory:
+        generate(directory, args.images)
+        for index in range(args.rounds):
+            order = CONFIGURATIONS if index % 2 == 0 else CONFIGURATIONS[::-1]
+            for name in order:
+                cpu, others = measure(name, directory, args.images, args.image_size)
+                results[name].append((cpu, others))
+                print(f"round {index + 1}: {name:10} {cpu:5.2f} CPU s  (others used {others:.2f} cores meanwhile)",
+                      flush=True)
+    raw = {"images": args.images, "image_size": args.image_size, "cpu_model": cpu_model(), "cores": os.cpu_count(),
+           "load": round(os.getloadavg()[0], 2), "rounds": {name: [list(run) for run in runs] for name, runs in results.items()}}
+    body = report(raw)
+    print(f"machine: {cpu_model()}")
+    print(body)
+    if args.results_dir:
+        path = write_results("pipeline_startup", command_line("pipeline_startup.py", argv),
+                             datetime.date.today().isoformat(), body, args.results_dir, raw=raw)
+        print(f"results: {path}")
+    return 0
+
+
+def report(raw: dict) -> str:
+    """The results file's body, from the run's raw measurements alone: the rounds as a table, each
+    configuration's median, and their ratio."""
+    results = raw["rounds"]
+    medians = {name: statistics.median(cpu for cpu, _ in runs) for name, runs in results.items()}
+    lines = [f"Building a training and a validation pipeline and taking each one's first batch, one fresh process "
+             f"a measurement ({raw['images']} generated images, {raw['image_size']} px, 4 per batch); "
+             f"{raw['cpu_model']}, {raw['cores']} cores, load {raw['load']:.2f} at the end.", "",
+             "| round | " + " | ".join(f"{name}: CPU s (others' cores)" for name in CONFIGURATIONS) + " |",
+             "|---|" + "---|" * len(CONFIGURATIONS)]
+    for index in range(len(results[CONFIGURATIONS[0]])):
+        cells = [f"{results[name][index][0]:.2f} ({results[name][index][1]:.2f})" for name in CONFIGURATIONS]
+        lines.append(f"| {index + 1} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name in CONFIGURATIONS:
+        lines.append(f"{name}: median {medians[name]:.2f} CPU s over {len(results[name])} rounds")
+    lines.append(f"as written / converted: x{medians['as written'] / medians['converted']:.2f} of the CPU "
+                 f"({medians['converted'] - medians['as written']:+.2f} s saved per process)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
