@@ -3,7 +3,9 @@
 At the end of every run (and so in CI's log): each tier's tests, their summed time and when the
 tier ran within the run (with several workers the tiers overlap), the 25 slowest tests (setup, call
 and teardown together: a session or module fixture counts against the test that first asked for
-it), the 20 slowest files, and the figures tests measured but do not assert on (helpers.BUDGETS).
+it), the 20 slowest files, the figures tests measured but do not assert on (helpers.BUDGETS), and
+which kinds of process used the CPU meanwhile (tests/cpu_use.py: the figure that says what to cut
+when the cores are busy, which the tests' own times cannot say).
 
 tests/durations.json holds each test's recorded seconds, in pytest-split's format (a JSON object,
 node id -> seconds, sorted). The workers order their units by it (tests/parallel.py), `--quick`
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import cpu_use
 from parallel import in_worker, plain_id, tier_of
 
 TESTS = Path(__file__).resolve().parent
@@ -60,6 +63,7 @@ class Timings:
         self.seconds: dict[str, float] = {}
         self.spans: dict[str, tuple[float, float]] = {}  # tier -> (first start, last stop)
         self.figures: list[str] = []  # helpers.BUDGETS of every worker
+        self.cpu = cpu_use.Sampler().start()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         nodeid = plain_id(report.nodeid)
@@ -113,6 +117,10 @@ class Timings:
             terminalreporter.section("budgets")
             for line in figures:
                 write(line)
+        self.cpu.stop()
+        terminalreporter.section("CPU by kind of process (tests/cpu_use.py)")
+        for line in self.cpu.lines():
+            write(line)
 
 
 def worker_finished(config: pytest.Config) -> None:
