@@ -79,9 +79,15 @@ def read_argv(proc: Path, pid: int) -> list[str] | None:
 
 def busy_ticks(proc: Path = PROC) -> tuple[int, int]:
     """(busy, all) CPU ticks of the machine since boot, from /proc/stat's first line."""
-    values = [int(value) for value in (proc / "stat").read_text().splitlines()[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal; guest time is in user's already.
+    values = [int(value) for value in (proc / "stat").read_text().splitlines()[0].split()[1:9]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
     return sum(values) - idle, sum(values)
+
+
+def available(proc: Path = PROC) -> bool:
+    """Whether this machine has a /proc to sample (Linux; not macOS)."""
+    return (proc / "stat").is_file()
 
 
 class Tally:

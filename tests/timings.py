@@ -63,7 +63,7 @@ class Timings:
         self.seconds: dict[str, float] = {}
         self.spans: dict[str, tuple[float, float]] = {}  # tier -> (first start, last stop)
         self.figures: list[str] = []  # helpers.BUDGETS of every worker
-        self.cpu = cpu_use.Sampler().start()
+        self.cpu = cpu_use.Sampler().start() if cpu_use.available() else None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         nodeid = plain_id(report.nodeid)
@@ -117,10 +117,11 @@ class Timings:
             terminalreporter.section("budgets")
             for line in figures:
                 write(line)
-        self.cpu.stop()
-        terminalreporter.section("CPU by kind of process (tests/cpu_use.py)")
-        for line in self.cpu.lines():
-            write(line)
+        if self.cpu is not None:
+            self.cpu.stop()
+            terminalreporter.section("CPU by kind of process (tests/cpu_use.py)")
+            for line in self.cpu.lines():
+                write(line)
 
 
 def worker_finished(config: pytest.Config) -> None:

@@ -102,3 +102,9 @@ def test_the_sampler_counts_what_runs_while_it_samples(tmp_path):
     sampler.stop()
     assert sampler.tally.ticks == {"python -m cassava.task": 70}
     assert "the machine was busy" in sampler.lines()[-1] and "(90% of" in sampler.lines()[-1]
+
+
+def test_a_machine_without_proc_is_not_sampled(tmp_path):
+    assert not cpu_use.available(tmp_path / "proc")
+    write_machine(tmp_path / "proc", busy=1, idle=1)
+    assert cpu_use.available(tmp_path / "proc")
