@@ -39,13 +39,14 @@ CONFIGURATIONS = ("converted", "as written")
 # number of images and the image size. Prints the CPU seconds as JSON.
 _MEASURE = """
 import json, sys
+from pathlib import Path
 import tensorflow as tf
 sys.path[:0] = [sys.argv[5], sys.argv[5] + "/benchmarks"]
 import rounds
 from cassava import data, synthetic
 if sys.argv[1] == "converted":
     data.as_written = lambda function: function  # tf.data's own default: AutoGraph converts each function
-files = tuple(sorted(str(path) for path in __import__("pathlib").Path(sys.argv[2]).glob("train-*.tfrecord")))
+files = tuple(sorted(str(path) for path in Path(sys.argv[2]).glob("train-*.tfrecord")))
 split = data.Split(name="train", num_examples=int(sys.argv[3]), class_names=synthetic.CLASS_NAMES, files=files)
 before = rounds.own_cpu_seconds()
 for training in (True, False):
