@@ -31,6 +31,11 @@ HARMLESS_LINES = {
         "our pipeline before it is optimized as usual, and iterated alone it prints nothing",
     "All log messages before absl::InitializeLog() is called are written to STDERR":
         "absl saying it logs to stderr, where everything goes anyway",
+    "Local rendezvous is aborting with status: ABORTED: Cleanup ":
+        "a step's rendezvous removed as its step ends (BaseRendezvousMgr::Cleanup, which aborts what "
+        "is still pending with 'Cleanup STEP_ID'), logged at WARNING; a ParameterServerStrategy job's "
+        "ps prints it when the coordinator's last steps end, in a job that succeeded; the error that "
+        "stops a failing step is a status of its own, logged on its own line",
     "oneDNN custom operations are on.":
         "an INFO line, logged once by each of two libraries as it loads, on CPUs with AVX-512 VNNI, "
         "AVX512-BF16, AVX-VNNI or AMX (TensorFlow's port.cc), before TF_CPP_MIN_LOG_LEVEL, which "
