@@ -32,6 +32,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the trainer package, and helpers.py
 
+import cpu_per_test  # noqa: E402
 import parallel  # noqa: E402
 import timings  # noqa: E402
 
@@ -57,6 +58,7 @@ def pytest_configure(config):
     durations = timings.recorded()
     quick = (lambda nodeid: timings.in_quick(nodeid, durations)) if config.getoption("quick") else None
     config.pluginmanager.register(parallel.Scheduler(durations, quick), "suite-scheduler")
+    config.pluginmanager.register(cpu_per_test.Meter(), "suite-cpu-per-test")
     if not parallel.in_worker(config):
         config.pluginmanager.register(timings.Timings(config), "suite-timings")
 

@@ -3,8 +3,9 @@
 At the end of every run (and so in CI's log): each tier's tests, their summed time and when the
 tier ran within the run (with several workers the tiers overlap), the 25 slowest tests (setup, call
 and teardown together: a session or module fixture counts against the test that first asked for
-it), the 20 slowest files, the figures tests measured but do not assert on (helpers.BUDGETS), and
-which kinds of process used the CPU meanwhile (tests/cpu_use.py: the figure that says what to cut
+it), the 25 tests that used the most CPU and each tier's and file's CPU (tests/cpu_per_test.py), the
+20 slowest files, the figures tests measured but do not assert on (helpers.BUDGETS), and which
+kinds of process used the CPU meanwhile (tests/cpu_use.py: the figure that says what to cut
 when the cores are busy, which the tests' own times cannot say).
 
 tests/durations.json holds each test's recorded seconds, in pytest-split's format (a JSON object,
@@ -61,6 +62,7 @@ class Timings:
         self.config = config
         self.started = time.time()
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}  # tests/cpu_per_test.py
         self.spans: dict[str, tuple[float, float]] = {}  # tier -> (first start, last stop)
         self.figures: list[str] = []  # helpers.BUDGETS of every worker
         self.cpu = cpu_use.Sampler().start() if cpu_use.available() else None
@@ -68,6 +70,7 @@ class Timings:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         nodeid = plain_id(report.nodeid)
         self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
+        self.cpu_seconds[nodeid] = self.cpu_seconds.get(nodeid, 0.0) + (getattr(report, "cpu_seconds", 0.0) or 0.0)
         tier = tier_of(nodeid)
         start, stop = getattr(report, "start", 0.0) or 0.0, getattr(report, "stop", 0.0) or 0.0
         if start and stop:
@@ -96,22 +99,30 @@ class Timings:
                 tests = {n: s for n, s in self.seconds.items() if tier_of(n) == tier}
                 if not tests:
                     continue
-                line = f"{tier:12} {len(tests):5} tests  {minutes(sum(tests.values())):>9} of test time"
+                cpu = sum(self.cpu_seconds.get(n, 0.0) for n in tests)
+                line = (f"{tier:12} {len(tests):5} tests  {minutes(sum(tests.values())):>9} of test time"
+                        f"  {cpu / 60:5.1f} CPU-min")
                 if tier in self.spans:
                     first, last = self.spans[tier]
                     line += f"  ran from {minutes(first - self.started)} to {minutes(last - self.started)} of the run"
                 write(line)
             write(f"{'whole run':12} {len(self.seconds):5} tests  {minutes(sum(self.seconds.values())):>9} of test time"
+                  f"  {sum(self.cpu_seconds.values()) / 60:5.1f} CPU-min"
                   f"  {minutes(time.time() - self.started)} from start to this line")
             terminalreporter.section(f"{SLOWEST} slowest tests (setup + call + teardown)")
             for nodeid, seconds in sorted(self.seconds.items(), key=lambda entry: -entry[1])[:SLOWEST]:
                 write(f"{seconds:8.1f} s  {nodeid}")
-            files: dict[str, float] = {}
+            terminalreporter.section(f"{SLOWEST} tests that used the most CPU (tests/cpu_per_test.py)")
+            for nodeid, seconds in sorted(self.cpu_seconds.items(), key=lambda entry: -entry[1])[:SLOWEST]:
+                write(f"{seconds / 60:8.2f} CPU-min  {nodeid}")
+            files: dict[str, tuple[float, float]] = {}
             for nodeid, seconds in self.seconds.items():
-                files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + seconds
+                path = nodeid.split("::")[0]
+                so_far, cpu = files.get(path, (0.0, 0.0))
+                files[path] = (so_far + seconds, cpu + self.cpu_seconds.get(nodeid, 0.0))
             terminalreporter.section("20 slowest files")
-            for path, seconds in sorted(files.items(), key=lambda entry: -entry[1])[:20]:
-                write(f"{seconds:8.1f} s  {path}")
+            for path, (seconds, cpu) in sorted(files.items(), key=lambda entry: -entry[1][0])[:20]:
+                write(f"{seconds:8.1f} s  {cpu / 60:6.2f} CPU-min  {path}")
         figures = self.figures + list(BUDGETS)
         if figures:
             terminalreporter.section("budgets")
