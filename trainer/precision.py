@@ -117,7 +117,7 @@ def _best_step_ms(model, inputs, repeats: int = 2, seconds: float = 0.5) -> floa
 
     import tensorflow as tf
 
-    @tf.function
+    @tf.function(autograph=False)  # the model traced as the loop traces it (trainer.library.loop)
     def step():
         with tf.GradientTape() as tape:
             outputs = tf.nest.flatten(model(inputs, training=True))

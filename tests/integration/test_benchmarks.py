@@ -9,6 +9,7 @@ import re
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers import REPO, clean_env
 
@@ -331,10 +332,13 @@ def test_the_cpu_of_a_process_tree_counts_its_children():
         child.wait()
 
 
-def test_pipeline_startup_benchmark_measures_both_ways_in_alternating_rounds_and_writes_its_results_file(tmp_path):
-    argv = ["--rounds", "2", "--images", "16", "--results-dir", str(tmp_path)]
+def check_both_ways(script: str, argv: list[str], tmp_path, saved_per: str, rounds_error: str) -> None:
+    """A start-up benchmark (pipeline_startup, task_startup) measured "converted" and "as written"
+    in alternating rounds: its rounds, medians and ratio agree with each other, its results file
+    is written, and a bad --rounds is one line and exit 2."""
+    benchmark = Path(script).stem
     days = {datetime.date.today().isoformat()}
-    result = subprocess.run([sys.executable, "benchmarks/pipeline_startup.py", *argv], cwd=REPO, env=clean_env(),
+    result = subprocess.run([sys.executable, script, *argv], cwd=REPO, env=clean_env(),
                             capture_output=True, text=True, timeout=600)
     days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:]
@@ -349,17 +353,26 @@ def test_pipeline_startup_benchmark_measures_both_ways_in_alternating_rounds_and
                for name in cpu}
     for name, both in cpu.items():
         assert abs(medians[name] - statistics.median(both)) <= 0.0051, (name, both, medians)
-    ratio, saved = re.search(r"^as written / converted: x(\d+\.\d\d) of the CPU \(([+-]\d+\.\d\d) s saved per process\)$",
-                             result.stdout, re.M).groups()
+    ratio, saved = re.search(rf"^as written / converted: x(\d+\.\d\d) of the CPU \(([+-]\d+\.\d\d) s saved per "
+                             rf"{saved_per}\)$", result.stdout, re.M).groups()
     assert abs(float(ratio) - medians["as written"] / medians["converted"]) <= \
         rounding_of_a_ratio(medians["as written"], medians["converted"], 0.005)
     assert abs(float(saved) - (medians["converted"] - medians["as written"])) <= 0.016  # two roundings
-    text = results_file(tmp_path, "pipeline_startup", result.stdout, argv, days)
+    text = results_file(tmp_path, benchmark, result.stdout, argv, days)
     assert "| 2 | " in text and "as written / converted: x" in text
 
-    bad = subprocess.run([sys.executable, "benchmarks/pipeline_startup.py", "--rounds", "0"], cwd=REPO,
+    bad = subprocess.run([sys.executable, script, "--rounds", "0"], cwd=REPO,
                          env=clean_env(), capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().splitlines() == [
-        "python benchmarks/pipeline_startup.py: error: --rounds must be at least 1 and --images at least 8 "
-        "(--help lists the flags)"]
+    assert bad.stderr.strip().splitlines() == [f"python {script}: error: {rounds_error} (--help lists the flags)"]
+
+
+def test_pipeline_startup_benchmark_measures_both_ways_in_alternating_rounds_and_writes_its_results_file(tmp_path):
+    check_both_ways("benchmarks/pipeline_startup.py", ["--rounds", "2", "--images", "16", "--results-dir", str(tmp_path)],
+                    tmp_path, "process", "--rounds must be at least 1 and --images at least 8")
+
+
+def test_task_startup_benchmark_measures_a_whole_task_both_ways_in_alternating_rounds_and_writes_its_results_file(
+        tmp_path):
+    check_both_ways("benchmarks/task_startup.py", ["--rounds", "2", "--steps", "1", "--results-dir", str(tmp_path)],
+                    tmp_path, "task", "--rounds and --steps must be at least 1")

@@ -181,7 +181,7 @@ class SynchronousGuard(loop.Events):
         self.sync = sync
 
         # Compiled: an eager cross-worker all-reduce per step is slow (TensorFlow warns).
-        @tf.function
+        @tf.function(autograph=False)
         def votes(local):
             per_replica = strategy.run(lambda: tf.identity(local))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

@@ -110,7 +110,7 @@ class StopAgreement(keras.callbacks.Callback):
         super().__init__()
 
         # Compiled: an eager cross-worker all-reduce per step is slow (TensorFlow warns).
-        @tf.function
+        @tf.function(autograph=False)
         def stops(flag):
             per_replica = strategy.run(lambda: tf.identity(flag))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

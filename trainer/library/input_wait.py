@@ -97,7 +97,7 @@ class InputWait:
             waited, stepped = self.waited.read_value(), self.stepped.read_value()
         else:
             if self._read is None:
-                self._read = tf.function(lambda: (self.waited.read_value(), self.stepped.read_value()))
+                self._read = tf.function(lambda: (self.waited.read_value(), self.stepped.read_value()), autograph=False)
             waited, stepped = self._read()
         return Waits(float(waited) / self.lanes, float(stepped) / self.lanes)
 

@@ -54,6 +54,13 @@ Where it departs from `fit`, and why:
   which each replica's step then hands two spans measured inside it, outside any XLA region.
 XLA (`jit_compile`) compiles the forward and backward pass only: the gradients' all-reduce runs
 outside it (TensorFlow implements no collectives for CPUs under XLA).
+
+Every function here is traced as written (`autograph=False`), as Keras 3's trainer traces its own
+steps (`do_not_convert`): AutoGraph would read, parse and rewrite the source of each function a
+step calls, the model's included, in every process of every job, for code that is TensorFlow ops
+already (a `tf.cond`, never a Python `if` on a tensor). A model that `fit` trains is traced here
+as `fit` traces it. The loop over a call's steps is a `tf.while_loop` (`_repeat`), what AutoGraph
+makes of `for _ in tf.range(steps)`.
 """
 
 from __future__ import annotations
@@ -129,6 +136,17 @@ def zeros_like_spec(spec) -> Any:
     return tf.nest.map_structure(lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype), spec)
 
 
+def _repeat(steps: tf.Tensor, step) -> None:
+    """Runs `step()` `steps` times, in a tf.function: one `tf.while_loop`, whose body the ops
+    `step` makes run in each iteration, in order (automatic control dependencies)."""
+
+    def body(done):
+        step()
+        return done + 1
+
+    tf.while_loop(lambda done: done < steps, body, [tf.zeros([], steps.dtype)])
+
+
 class Steps:
     """The compiled train and test steps of one model under one strategy, and their metrics.
 
@@ -146,15 +164,17 @@ class Steps:
         self.replicas = strategy.num_replicas_in_sync
         self._overflow_is_agreed = self.replicas > 1 and isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         self.input_wait = input_wait
-        self._gradients = tf.function(self._forward_backward, jit_compile=True) if jit_compile else self._forward_backward
-        self._train = tf.function(self._train_steps)
+        self._gradients = (tf.function(self._forward_backward, jit_compile=True, autograph=False) if jit_compile
+                           else self._forward_backward)
+        self._train = tf.function(self._train_steps, autograph=False)
         # One step without a loop: a profile groups a step's ops under the step's marker only when
         # the function runs them outside a while loop (measured with xprof 2.24's trace viewer).
-        self._train_one = tf.function(lambda iterator: self.strategy.run(self._train_step, args=(next(iterator),)))
-        self._test = tf.function(self._test_steps)
-        self._read = tf.function(self._metric_results)
+        self._train_one = tf.function(lambda iterator: self.strategy.run(self._train_step, args=(next(iterator),)),
+                                      autograph=False)
+        self._test = tf.function(self._test_steps, autograph=False)
+        self._read = tf.function(self._metric_results, autograph=False)
         self._started = False
-        self._sync = tf.function(self._sync_state)
+        self._sync = tf.function(self._sync_state, autograph=False)
 
     # -- building ---------------------------------------------------------------------------
     def build(self, element_spec) -> None:
@@ -176,7 +196,7 @@ class Steps:
                 self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
         with self.strategy.scope():
-            tf.function(trace).get_concrete_function(element_spec)
+            tf.function(trace, autograph=False).get_concrete_function(element_spec)
             if not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
         self.metric_variables = [v for metric in self.model.metrics for v in metric.variables]
@@ -273,12 +293,10 @@ class Steps:
 
     # -- compiled functions over a distributed iterator ---------------------------------------
     def _train_steps(self, iterator, steps):
-        for _ in tf.range(steps):
-            self.strategy.run(self._train_step, args=(next(iterator),))
+        _repeat(steps, lambda: self.strategy.run(self._train_step, args=(next(iterator),)))
 
     def _test_steps(self, iterator, steps):
-        for _ in tf.range(steps):
-            self.strategy.run(self._test_step, args=(next(iterator),))
+        _repeat(steps, lambda: self.strategy.run(self._test_step, args=(next(iterator),)))
 
     def _metric_results(self):
         return self.model.get_metrics_result()

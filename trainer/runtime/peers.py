@@ -35,7 +35,7 @@ def mean_over_tasks(strategy: tf.distribute.Strategy):
     """A function from this task's list of numbers to their mean over every replica of the job
     (one all-reduce), for decisions every task must make alike."""
 
-    @tf.function
+    @tf.function(autograph=False)  # TensorFlow ops already: nothing for AutoGraph to convert
     def mean(values):
         per_replica = strategy.run(lambda: tf.identity(values))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)

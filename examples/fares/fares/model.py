@@ -56,7 +56,8 @@ def serving_function(model: keras.Model):
     """serving_default: one 1-D tensor per column, named as in the CSV header -> {"fare": [batch]}."""
     specs = {name: tf.TensorSpec([None], tensor.dtype, name=name) for name, tensor in model.input.items()}
 
-    @tf.function(input_signature=[specs])
+    # Traced as written, as Keras' own export does: TensorFlow ops, nothing for AutoGraph to convert.
+    @tf.function(input_signature=[specs], autograph=False)
     def serve(columns):
         predicted = model({name: tf.expand_dims(value, -1) for name, value in columns.items()}, training=False)
         return {"fare": tf.squeeze(predicted, -1)}

@@ -124,7 +124,8 @@ def save(model: keras.Model, path: str) -> None:
 
     names = tf.constant(list(data.CLASS_NAMES))
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    # Traced as written, as Keras' own export does: TensorFlow ops, nothing for AutoGraph to convert.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def serve(text):
         probability = tf.squeeze(tf.cast(model(text, training=False), tf.float32), -1)
         return {"probability": probability, "label": tf.gather(names, tf.cast(probability > 0.5, tf.int32))}

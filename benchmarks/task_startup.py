@@ -1,0 +1,134 @@
+"""What one small training task costs a process, from its start to its exported model: the
+project's functions traced as written (`autograph=False`, the default: trainer.library.loop,
+cassava.signature, the runtime's votes) against converted by AutoGraph first (tf.function's
+default, the baseline), in one run.
+
+    python benchmarks/task_startup.py [--rounds 5] [--steps 2] [--image-size 32] [--results-dir DIR]
+
+Each measurement is a fresh process that runs `python -m cassava.task` as the test tiers' jobs
+run it (the small model, one epoch of --steps steps, its validation and its export), and the
+figure is that process's CPU seconds, TensorFlow's import included: what every task of every job
+pays once, since AutoGraph's conversions are cached only within a process. In the baseline every
+`tf.function` the project's own modules create is made with `autograph=True`; TensorFlow's and
+Keras' own are left as they are in both. The two configurations alternate, each round starting
+with the other one, and each round records what other processes used meanwhile
+(benchmarks/rounds.py). The summary gives each one's median and their ratio; the table goes to
+benchmarks/results/task_startup/KIND.md (benchmarks/machine.py), the raw figures to KIND.json
+beside it, unless --results-dir ''.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
+from pipeline_startup import children_cpu_seconds  # noqa: E402
+from trainer import cli  # noqa: E402
+import rounds  # noqa: E402
+
+CONFIGURATIONS = ("converted", "as written")
+OWN_MODULES = ("trainer", "cassava")
+
+# One measurement's process: argv is the configuration, then cassava.task's arguments.
+_RUN_TASK = """
+import runpy, sys
+import tensorflow as tf
+if sys.argv[1] == "converted":
+    traced = tf.function
+    def converting(*args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__", "").split(".")[0] in OWN_MODULES:
+            kwargs["autograph"] = True  # tf.function's own default
+        return traced(*args, **kwargs)
+    tf.function = converting
+sys.argv = ["cassava.task", *sys.argv[2:]]
+runpy.run_module("cassava.task", run_name="__main__")
+""".replace("OWN_MODULES", repr(OWN_MODULES))
+
+
+def task_arguments(data_dir: str, model_dir: str, steps: int, image_size: int) -> list[str]:
+    return ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", str(steps), "--image-size", str(image_size),
+            "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4", "--data-dir", data_dir,
+            "--model-dir", model_dir]
+
+
+def measure(configuration: str, work: str, steps: int, image_size: int, index: int) -> tuple[float, float]:
+    """(CPU seconds of the task's process, cores' worth other processes used meanwhile)."""
+    model_dir = os.path.join(work, f"model-{index}-{configuration.replace(' ', '-')}")
+    timer = rounds.Timer(cpu=children_cpu_seconds).start()
+    result = subprocess.run([sys.executable, "-c", _RUN_TASK, configuration,
+                             *task_arguments(os.path.join(work, "data"), model_dir, steps, image_size)],
+                            cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    sample = timer.sample(1)
+    if result.returncode != 0 or not os.path.isdir(model_dir):
+        raise SystemExit(f"task_startup: the {configuration} task failed (exit {result.returncode}): "
+                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return sample.cpu, sample.others
+
+
+def main(argv=None) -> int:
+    parser = cli.OneLineParser(prog="python benchmarks/task_startup.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, each measuring both (default 5)")
+    parser.add_argument("--steps", type=int, default=2, help="the task's train steps (default 2)")
+    parser.add_argument("--image-size", type=int, default=32, help="the task's image size (default 32)")
+    parser.add_argument("--results-dir", default=RESULTS_ROOT, metavar="DIR",
+                        help="where the table goes, in TASK_STARTUP/KIND.md ('' to only print it)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.steps < 1:
+        parser.error("--rounds and --steps must be at least 1")
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
+    with tempfile.TemporaryDirectory(prefix="task-startup-") as work:
+        # The data is generated once, by a first task that is not measured.
+        measure("as written", work, args.steps, args.image_size, -1)
+        for index in range(args.rounds):
+            order = CONFIGURATIONS if index % 2 == 0 else CONFIGURATIONS[::-1]
+            for name in order:
+                cpu, others = measure(name, work, args.steps, args.image_size, index)
+                results[name].append((cpu, others))
+                print(f"round {index + 1}: {name:10} {cpu:5.2f} CPU s  (others used {others:.2f} cores meanwhile)",
+                      flush=True)
+    raw = {"steps": args.steps, "image_size": args.image_size, "cpu_model": cpu_model(), "cores": os.cpu_count(),
+           "load": round(os.getloadavg()[0], 2), "rounds": {name: [list(run) for run in runs] for name, runs in results.items()}}
+    body = report(raw)
+    print(f"machine: {cpu_model()}")
+    print(body)
+    if args.results_dir:
+        path = write_results("task_startup", command_line("task_startup.py", argv),
+                             datetime.date.today().isoformat(), body, args.results_dir, raw=raw)
+        print(f"results: {path}")
+    return 0
+
+
+def report(raw: dict) -> str:
+    """The results file's body, from the run's raw measurements alone: the rounds as a table, each
+    configuration's median, and their ratio."""
+    results = raw["rounds"]
+    medians = {name: statistics.median(cpu for cpu, _ in runs) for name, runs in results.items()}
+    lines = [f"One `python -m cassava.task` process from start to exported model, TensorFlow's import included: "
+             f"the small model, one epoch of {raw['steps']} steps of 4 images at {raw['image_size']} px, its validation "
+             f"and its export; {raw['cpu_model']}, {raw['cores']} cores, load {raw['load']:.2f} at the end.", "",
+             "| round | " + " | ".join(f"{name}: CPU s (others' cores)" for name in CONFIGURATIONS) + " |",
+             "|---|" + "---|" * len(CONFIGURATIONS)]
+    for index in range(len(results[CONFIGURATIONS[0]])):
+        cells = [f"{results[name][index][0]:.2f} ({results[name][index][1]:.2f})" for name in CONFIGURATIONS]
+        lines.append(f"| {index + 1} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name in CONFIGURATIONS:
+        lines.append(f"{name}: median {medians[name]:.2f} CPU s over {len(results[name])} rounds")
+    lines.append(f"as written / converted: x{medians['as written'] / medians['converted']:.2f} of the CPU "
+                 f"({medians['converted'] - medians['as written']:+.2f} s saved per task)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
