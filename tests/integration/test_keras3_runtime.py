@@ -2,7 +2,8 @@
 tf_keras Task or a model with its own train_step is one line and exit 2; float16 trains with
 loss scaling across two workers, and a step whose gradients overflow on one replica is skipped by
 every replica; a synchronous step's wait for input is never longer than the step, the step's time
-holds its update, and a regularized loss is the same on any number of replicas."""
+holds its update, a regularized loss is the same on any number of replicas, and a model is traced
+as Keras' own `fit` traces it."""
 
 from __future__ import annotations
 
@@ -27,6 +28,63 @@ def fixture_env() -> dict:
 # A legacy object needs tf-keras, which follows TensorFlow late (none for 2.22.0rc0): where it is not
 # installed there is no legacy object to refuse.
 NEEDS_TF_KERAS = pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="no tf-keras installed")
+
+
+# One process: the same two models under Keras 3's own `fit` and under the loop; prints what each did.
+_TRACED_AS_FIT_TRACES = """
+import json
+import numpy as np
+import keras
+import tensorflow as tf
+from trainer.library import loop
+
+class PythonIf(keras.layers.Layer):
+    def call(self, x):
+        if keras.ops.sum(x) > 0:  # a Python `if` on a tensor: AutoGraph would make it a tf.cond
+            return x * 2.0
+        return x
+
+class OpsCond(keras.layers.Layer):
+    def call(self, x):
+        return keras.ops.cond(keras.ops.sum(x) > 0, lambda: x * 2.0, lambda: x)
+
+def model(layer):
+    inputs = keras.Input((3,))
+    m = keras.Model(inputs, keras.layers.Dense(1)(layer()(inputs)))
+    m.compile(optimizer="sgd", loss="mse")
+    return m
+
+x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
+said = {}
+for name, layer in (("python_if", PythonIf), ("ops_cond", OpsCond)):
+    for trainer in ("fit", "loop"):
+        try:
+            m = model(layer)
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
+            if trainer == "fit":
+                m.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0)
+            else:
+                strategy = tf.distribute.get_strategy()
+                steps = loop.Steps(strategy, m)
+                steps.build(dataset.element_spec)
+                loop.fit(steps, iter(dataset), epochs=1, steps_per_epoch=2)
+            said[f"{name} {trainer}"] = "trained"
+        except Exception as error:
+            said[f"{name} {trainer}"] = type(error).__name__
+print(json.dumps(said))
+"""
+
+
+def test_the_loop_traces_a_model_as_keras_fit_does_without_autograph():
+    """The loop's functions are traced as written (trainer/library/loop.py), as Keras 3's trainer
+    traces its steps: a layer that branches in Python on a tensor fails under both alike, and one
+    that branches with keras.ops.cond trains under both."""
+    result = subprocess.run([sys.executable, "-c", _TRACED_AS_FIT_TRACES], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said == {"python_if fit": "OperatorNotAllowedInGraphError", "python_if loop": "OperatorNotAllowedInGraphError",
+                    "ops_cond fit": "trained", "ops_cond loop": "trained"}, said
 
 
 @pytest.mark.parametrize("reference, says", [

@@ -56,11 +56,11 @@ XLA (`jit_compile`) compiles the forward and backward pass only: the gradients' 
 outside it (TensorFlow implements no collectives for CPUs under XLA).
 
 Every function here is traced as written (`autograph=False`), as Keras 3's trainer traces its own
-steps (`do_not_convert`): AutoGraph would read, parse and rewrite the source of each function a
-step calls, the model's included, in every process of every job, for code that is TensorFlow ops
-already (a `tf.cond`, never a Python `if` on a tensor). A model that `fit` trains is traced here
-as `fit` traces it. The loop over a call's steps is a `tf.while_loop` (`_repeat`), what AutoGraph
-makes of `for _ in tf.range(steps)`.
+steps (`do_not_convert`): AutoGraph would read, parse and rewrite the source of each of this
+module's functions a step calls, in every process of every job, for code that is TensorFlow ops
+already (a `tf.cond`, never a Python `if` on a tensor). Keras' own code, a model's layers among
+it, AutoGraph never converts: a model is traced here as `fit` traces it. The loop over a call's
+steps is a `tf.while_loop` (`_repeat`), what AutoGraph makes of `for _ in tf.range(steps)`.
 """
 
 from __future__ import annotations
