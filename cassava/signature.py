@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from cassava import data
+from trainer import export
 
 BYTES_SIGNATURE = "serving_default"
 PIXELS_SIGNATURE = "serving_pixels"
@@ -64,11 +65,7 @@ def save(model: keras.Model, path: str, class_names: Sequence[str], image_size: 
     of the job and read again at deploy. Training state lives in the checkpoints and the backup.
     """
     started = time.monotonic()
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    for name, function in signatures(model, class_names, image_size).items():
-        archive.add_endpoint(name, function)
-    archive.write_out(path, verbose=False)
+    export.write(path, model, signatures(model, class_names, image_size))  # each weight stored once
     size = directory_bytes(path)
     log.info("exported %s: %.1f MB in %.1fs", path, size / 1e6, time.monotonic() - started)
 

@@ -107,6 +107,24 @@ def launch_until(args, pattern: str, action, env: dict | None = None, module: st
     return launcher.returncode, "".join(seen) + rest
 
 
+# Python defining stored_and_used(path): the values a SavedModel's checkpoint stores, and the values
+# of the variables its signatures use (each variable once). A script that loads an export appends
+# it, so that a test can hold the export to each weight stored once (trainer/library/export.py).
+STORED_AND_USED = """
+def stored_and_used(path):
+    import numpy as np, tensorflow as tf
+    reader = tf.train.load_checkpoint(path.rstrip("/") + "/variables/variables")
+    stored = sum(int(np.prod(shape)) for name, shape in reader.get_variable_to_shape_map().items()
+                 if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    loaded = tf.saved_model.load(path)  # held: its functions' variables live as long as it does
+    used = {}
+    for function in loaded.signatures.values():
+        for variable in function.variables:
+            used[id(variable)] = int(np.prod(variable.shape))
+    return stored, sum(used.values())
+"""
+
+
 _OP_DTYPES_SCRIPT = """
 import json, sys
 import trainer, tensorflow as tf

@@ -18,12 +18,12 @@ The package, by job:
 |------------------------|-----------------------------------------------------------------------|
 | trainer/process/       | the process wrapper: `trainer.run` and `trainer.launch`, the stderr relay, signals, stops; no TensorFlow |
 | trainer/runtime/       | the Task runtime: `trainer.fit`, its flags, the roles (runtime/roles/) and what they share |
-| trainer/library/       | what any script can use: the loop and `fit_model`, step backups, the input-wait measurement, input sharding, layers, the orderly end |
+| trainer/library/       | what any script can use: the loop and `fit_model`, step backups, the input-wait measurement, input sharding, layers, the SavedModel export, the orderly end |
 | trainer/checks/        | the image checks: `trainer.selfcheck`, `trainer.gpu_stack`            |
 | trainer/*.py           | what several of them share (tasks, cluster, exits, cli, outputs, precision), and the public names below |
 
 The public names, each documented and typed; import them from the module named here, whose own
-file is the code or, for fit, loop, layers and inputs, names it from where it lives. The command
+file is the code or, for fit, loop, layers, inputs and export, names it from where it lives. The command
 modules run, launch, selfcheck and gpu_stack are the commands' documented paths and hold nothing
 else (trainer.run also names the environment its command gets). Everything else in this package may change between releases:
 
@@ -33,6 +33,7 @@ else (trainer.run also names the environment its command gets). Everything else 
 | trainer.fit      | run, main, build_parser, load_task; `python -m trainer.fit --task M`    |
 | trainer.loop     | fit_model, Steps, fit, Events                                          |
 | trainer.layers   | FusedBatchNormalization, fuse_batch_norm                               |
+| trainer.export   | write                                                                  |
 | trainer.inputs   | shard, shard_files, shard_records, sharding_mode, FILE, DATA, without_autoshard |
 | trainer.cli      | OneLineParser, whole_number, at_least, positive_int, non_negative_int, positive_float, fraction |
 | trainer.precision| float32_policy                                                         |

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at
+from helpers import REPO, STORED_AND_USED, backups_reported, clean_env, epochs_begun, launch_until, resumed_at
 
 EXAMPLE = REPO / "examples" / "fares"
 EPOCHS, STEPS, EVERY = 2, 60, 10
@@ -68,9 +68,10 @@ columns = {"distance_km": tf.constant([float(r["distance_km"]) for r in rows]),
            "pickup_zone": tf.constant([r["pickup_zone"] for r in rows])}
 fares = serve(**columns)["fare"].numpy().tolist()
 inputs = sorted(serve.structured_input_signature[1])
-print(json.dumps({"inputs": inputs, "count": len(fares),
+stored, used = stored_and_used(sys.argv[1])
+print(json.dumps({"inputs": inputs, "count": len(fares), "stored": stored, "used": used,
                   "mae": sum(abs(f - float(r["fare"])) for f, r in zip(fares, rows)) / len(rows)}))
-"""
+""".replace("import trainer, tensorflow as tf\n", "import trainer, tensorflow as tf\n" + STORED_AND_USED)
 
 
 def served_error(model_dir, rows_csv) -> dict:
@@ -161,6 +162,7 @@ def test_only_the_chiefs_model_is_kept_and_it_serves_raw_columns(preempted_mwms,
     served = served_error(tmp_path / "out" / "model", root / "eval-00000-of-00001.csv")
     assert served["inputs"] == ["distance_km", "hour", "passengers", "payment_type", "pickup_zone"]
     assert served["count"] == 100 and served["mae"] < 0.5 * baseline, (served, baseline)
+    assert served["stored"] == served["used"] > 0, served  # each weight stored once (trainer.export)
 
 
 @pytest.fixture(scope="module")

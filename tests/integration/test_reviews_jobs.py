@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, epochs_begun, launch_until, resumed_at
+from helpers import REPO, STORED_AND_USED, clean_env, epochs_begun, launch_until, resumed_at
 
 EXAMPLE = REPO / "examples" / "reviews"
 
@@ -42,9 +42,10 @@ _READ = """
 import json, sys
 import tensorflow as tf
 served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](text=tf.constant(sys.argv[2:]))
-print(json.dumps({"label": [l.decode() for l in served["label"].numpy()],
+stored, used = stored_and_used(sys.argv[1])
+print(json.dumps({"label": [l.decode() for l in served["label"].numpy()], "stored": stored, "used": used,
                   "probability": [round(float(p), 4) for p in served["probability"].numpy()]}))
-"""
+""".replace("import tensorflow as tf\n", "import tensorflow as tf\n" + STORED_AND_USED, 1)
 
 
 def read_reviews(model_dir, *texts: str) -> dict:
@@ -100,6 +101,7 @@ def test_it_learns_and_its_export_reads_raw_text(preempted_and_resumed):
     served = read_reviews(out / "model", "the food was great and the staff was friendly",
                           "the food was not great and the staff was rude", "the coffee was never bad and the view was lovely")
     assert served["label"] == ["positive", "negative", "positive"], served
+    assert served["stored"] == served["used"] > 0, served  # each weight stored once (trainer.export)
     assert all(0 <= p <= 1 for p in served["probability"])
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import tensorflow as tf
 
-from helpers import REPO, clean_env, run_module
+from helpers import REPO, STORED_AND_USED, clean_env, run_module
 from cassava import data, model as model_lib, records, signature as serving, synthetic
 
 
@@ -104,6 +104,15 @@ def test_vertex_prediction_runtimes_tensorflow_serves_the_export_alike(trained, 
     here = tf.saved_model.load(str(trained)).signatures[serving.BYTES_SIGNATURE](image_bytes=tf.constant(encoded))
     np.testing.assert_allclose(runtime["probabilities"], here["probabilities"].numpy(), atol=1e-5, rtol=0)
     assert runtime["class_name"] == [n.decode() for n in here["class_name"].numpy()]
+
+
+def test_the_export_stores_each_weight_once(trained):
+    """trainer.export leaves ExportArchive.track out: with it, Keras 3.15 stored every weight twice
+    (keras-team/keras#23553), and each server restored both copies."""
+    scope: dict = {}
+    exec(STORED_AND_USED, scope)
+    stored, used = scope["stored_and_used"](str(trained))
+    assert stored == used == trained_keras_model(trained).count_params(), (stored, used)
 
 
 def test_the_pixel_signature_takes_uint8_images_and_answers_alike(trained, tmp_path):

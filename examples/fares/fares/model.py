@@ -66,8 +66,8 @@ def serving_function(model: keras.Model):
 
 
 def save(model: keras.Model, path: str) -> None:
-    """A SavedModel whose serving_default takes the raw columns (Keras 3's ExportArchive)."""
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint("serving_default", serving_function(model))
-    archive.write_out(path, verbose=False)
+    """A SavedModel whose serving_default takes the raw columns (Keras 3's ExportArchive, each weight
+    stored once: trainer.export)."""
+    from trainer import export
+
+    export.write(path, model, {"serving_default": serving_function(model)})

@@ -130,7 +130,6 @@ def save(model: keras.Model, path: str) -> None:
         probability = tf.squeeze(tf.cast(model(text, training=False), tf.float32), -1)
         return {"probability": probability, "label": tf.gather(names, tf.cast(probability > 0.5, tf.int32))}
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint("serving_default", serve)
-    archive.write_out(path, verbose=False)
+    from trainer import export
+
+    export.write(path, model, {"serving_default": serve})  # each weight stored once
