@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
@@ -93,36 +94,54 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.images < 8:
         parser.error("--rounds must be at least 1 and --images at least 8")
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
     with tempfile.TemporaryDirectory(prefix="pipeline-startup-") as directory:
         generate(directory, args.images)
-        for index in range(args.rounds):
-            order = CONFIGURATIONS if index % 2 == 0 else CONFIGURATIONS[::-1]
-            for name in order:
-                cpu, others = measure(name, directory, args.images, args.image_size)
-                results[name].append((cpu, others))
-                print(f"round {index + 1}: {name:10} {cpu:5.2f} CPU s  (others used {others:.2f} cores meanwhile)",
-                      flush=True)
-    raw = {"images": args.images, "image_size": args.image_size, "cpu_model": cpu_model(), "cores": os.cpu_count(),
-           "load": round(os.getloadavg()[0], 2), "rounds": {name: [list(run) for run in runs] for name, runs in results.items()}}
-    body = report(raw)
-    print(f"machine: {cpu_model()}")
-    print(body)
-    if args.results_dir:
-        path = write_results("pipeline_startup", command_line("pipeline_startup.py", argv),
-                             datetime.date.today().isoformat(), body, args.results_dir, raw=raw)
-        print(f"results: {path}")
+        results = alternate(lambda name, _: measure(name, directory, args.images, args.image_size), args.rounds)
+    finish("pipeline_startup", argv, {"images": args.images, "image_size": args.image_size}, results, report,
+           args.results_dir)
     return 0
 
 
+def alternate(measure: Callable[[str, int], tuple[float, float]], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """configuration -> its (CPU seconds, others' cores) per round: `measure(configuration, round)`
+    for both configurations each round, each round starting with the one the round before ended
+    with; each figure is printed as it comes."""
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
+    for index in range(rounds):
+        for name in CONFIGURATIONS if index % 2 == 0 else CONFIGURATIONS[::-1]:
+            cpu, others = measure(name, index)
+            results[name].append((cpu, others))
+            print(f"round {index + 1}: {name:10} {cpu:5.2f} CPU s  (others used {others:.2f} cores meanwhile)", flush=True)
+    return results
+
+
+def finish(benchmark: str, argv, sizes: dict, results: dict, render: Callable[[dict], str], results_dir: str) -> None:
+    """Prints the machine and the report `render` makes of the raw figures, and writes both to
+    RESULTS_DIR/BENCHMARK/KIND.md and .json unless `results_dir` is ''."""
+    raw = {**sizes, "cpu_model": cpu_model(), "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
+           "rounds": {name: [list(run) for run in runs] for name, runs in results.items()}}
+    body = render(raw)
+    print(f"machine: {cpu_model()}")
+    print(body)
+    if results_dir:
+        path = write_results(benchmark, command_line(f"{benchmark}.py", argv), datetime.date.today().isoformat(), body,
+                             results_dir, raw=raw)
+        print(f"results: {path}")
+
+
 def report(raw: dict) -> str:
-    """The results file's body, from the run's raw measurements alone: the rounds as a table, each
-    configuration's median, and their ratio."""
+    """The results file's body, from the run's raw measurements alone."""
+    return rounds_report(raw, f"Building a training and a validation pipeline and taking each one's first batch, one "
+                              f"fresh process a measurement ({raw['images']} generated images, {raw['image_size']} px, "
+                              f"4 per batch)", "process")
+
+
+def rounds_report(raw: dict, what: str, per: str) -> str:
+    """`what` was measured, on which machine; the rounds as a table, each configuration's median,
+    and their ratio, with the CPU seconds saved per `per`."""
     results = raw["rounds"]
     medians = {name: statistics.median(cpu for cpu, _ in runs) for name, runs in results.items()}
-    lines = [f"Building a training and a validation pipeline and taking each one's first batch, one fresh process "
-             f"a measurement ({raw['images']} generated images, {raw['image_size']} px, 4 per batch); "
-             f"{raw['cpu_model']}, {raw['cores']} cores, load {raw['load']:.2f} at the end.", "",
+    lines = [f"{what}; {raw['cpu_model']}, {raw['cores']} cores, load {raw['load']:.2f} at the end.", "",
              "| round | " + " | ".join(f"{name}: CPU s (others' cores)" for name in CONFIGURATIONS) + " |",
              "|---|" + "---|" * len(CONFIGURATIONS)]
     for index in range(len(results[CONFIGURATIONS[0]])):
@@ -132,7 +151,7 @@ def report(raw: dict) -> str:
     for name in CONFIGURATIONS:
         lines.append(f"{name}: median {medians[name]:.2f} CPU s over {len(results[name])} rounds")
     lines.append(f"as written / converted: x{medians['as written'] / medians['converted']:.2f} of the CPU "
-                 f"({medians['converted'] - medians['as written']:+.2f} s saved per process)")
+                 f"({medians['converted'] - medians['as written']:+.2f} s saved per {per})")
     return "\n".join(lines)
 
 

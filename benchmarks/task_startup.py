@@ -19,10 +19,7 @@ beside it, unless --results-dir ''.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,12 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from machine import RESULTS_ROOT, command_line, cpu_model, write_results  # noqa: E402
-from pipeline_startup import children_cpu_seconds  # noqa: E402
+from machine import RESULTS_ROOT  # noqa: E402
+from pipeline_startup import alternate, children_cpu_seconds, finish, rounds_report  # noqa: E402
 from trainer import cli  # noqa: E402
 import rounds  # noqa: E402
 
-CONFIGURATIONS = ("converted", "as written")
 OWN_MODULES = ("trainer", "cassava")
 
 # One measurement's process: argv is the configuration, then cassava.task's arguments.
@@ -86,48 +82,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 1:
         parser.error("--rounds and --steps must be at least 1")
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
     with tempfile.TemporaryDirectory(prefix="task-startup-") as work:
         # The data is generated once, by a first task that is not measured.
         measure("as written", work, args.steps, args.image_size, -1)
-        for index in range(args.rounds):
-            order = CONFIGURATIONS if index % 2 == 0 else CONFIGURATIONS[::-1]
-            for name in order:
-                cpu, others = measure(name, work, args.steps, args.image_size, index)
-                results[name].append((cpu, others))
-                print(f"round {index + 1}: {name:10} {cpu:5.2f} CPU s  (others used {others:.2f} cores meanwhile)",
-                      flush=True)
-    raw = {"steps": args.steps, "image_size": args.image_size, "cpu_model": cpu_model(), "cores": os.cpu_count(),
-           "load": round(os.getloadavg()[0], 2), "rounds": {name: [list(run) for run in runs] for name, runs in results.items()}}
-    body = report(raw)
-    print(f"machine: {cpu_model()}")
-    print(body)
-    if args.results_dir:
-        path = write_results("task_startup", command_line("task_startup.py", argv),
-                             datetime.date.today().isoformat(), body, args.results_dir, raw=raw)
-        print(f"results: {path}")
+        results = alternate(lambda name, index: measure(name, work, args.steps, args.image_size, index), args.rounds)
+    finish("task_startup", argv, {"steps": args.steps, "image_size": args.image_size}, results, report, args.results_dir)
     return 0
 
 
 def report(raw: dict) -> str:
-    """The results file's body, from the run's raw measurements alone: the rounds as a table, each
-    configuration's median, and their ratio."""
-    results = raw["rounds"]
-    medians = {name: statistics.median(cpu for cpu, _ in runs) for name, runs in results.items()}
-    lines = [f"One `python -m cassava.task` process from start to exported model, TensorFlow's import included: "
-             f"the small model, one epoch of {raw['steps']} steps of 4 images at {raw['image_size']} px, its validation "
-             f"and its export; {raw['cpu_model']}, {raw['cores']} cores, load {raw['load']:.2f} at the end.", "",
-             "| round | " + " | ".join(f"{name}: CPU s (others' cores)" for name in CONFIGURATIONS) + " |",
-             "|---|" + "---|" * len(CONFIGURATIONS)]
-    for index in range(len(results[CONFIGURATIONS[0]])):
-        cells = [f"{results[name][index][0]:.2f} ({results[name][index][1]:.2f})" for name in CONFIGURATIONS]
-        lines.append(f"| {index + 1} | " + " | ".join(cells) + " |")
-    lines.append("")
-    for name in CONFIGURATIONS:
-        lines.append(f"{name}: median {medians[name]:.2f} CPU s over {len(results[name])} rounds")
-    lines.append(f"as written / converted: x{medians['as written'] / medians['converted']:.2f} of the CPU "
-                 f"({medians['converted'] - medians['as written']:+.2f} s saved per task)")
-    return "\n".join(lines)
+    """The results file's body, from the run's raw measurements alone."""
+    return rounds_report(raw, f"One `python -m cassava.task` process from start to exported model, TensorFlow's import "
+                              f"included: the small model, one epoch of {raw['steps']} steps of 4 images at "
+                              f"{raw['image_size']} px, its validation and its export", "task")
 
 
 if __name__ == "__main__":
