@@ -89,13 +89,14 @@ def small_export(once, request):
     one process), trained once per run for the tests that only serve an export: the prediction
     server's (tests/integration/test_prediction_server.py) and the prediction image's
     (tests/container/test_serving_image.py). They read it and change nothing in it."""
-    from helpers import run_module
+    from helpers import FLOAT32, run_module
 
     def make() -> str:
         root = parallel.run_root(request.config) / "small-export"
         result = run_module("cassava.task", "--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2",
                             "--image-size", "48", "--architecture", "small", "--weights", "none",
-                            "--per-replica-batch-size", "4", "--data-dir", str(root / "data"), "--model-dir", str(root / "model"))
+                            "--per-replica-batch-size", "4", *FLOAT32, "--data-dir", str(root / "data"),
+                            "--model-dir", str(root / "model"))
         assert result.returncode == 0, result.stderr[-3000:]
         return str(root / "model")
 

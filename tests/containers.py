@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import subprocess
 
-from helpers import REPO, clean_env, run_processes
+from helpers import FLOAT32, REPO, clean_env, run_processes
 
 SMALL_TRAINING = ["--dataset", "synthetic:32", "--epochs", "1", "--steps-per-epoch", "2", "--image-size", "32",
-                  "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4"]
+                  "--architecture", "small", "--weights", "none", "--per-replica-batch-size", "4", *FLOAT32]
 
 
 def sh(*command, env=None, timeout=1800, check=True) -> subprocess.CompletedProcess:

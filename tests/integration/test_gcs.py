@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, clean_env, run_module, write_image_folder
+from helpers import FLOAT32, REPO, clean_env, run_module, write_image_folder
 
-SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
+SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4", *FLOAT32]
 
 
 def relative_files(names, prefix: str) -> set[str]:

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from helpers import REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module
+from helpers import FLOAT32, REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module
 
-SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
+SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4", *FLOAT32]
 # TensorFlow's GCS client retries ten times over about three minutes before it gives up; these
 # shorten that budget (the same code path) so a lasting outage shows within seconds.
 SHORT_RETRIES = {"GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "50000", "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "200000",

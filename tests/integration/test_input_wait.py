@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from helpers import REPO, RESNET50_TWO_WORKERS, clean_env, launch_cassava
+from helpers import FLOAT32, REPO, RESNET50_TWO_WORKERS, clean_env, launch_cassava
 
 SLOW_REQUEST_SECONDS = 1.0
 SLOW_FILES = 32
@@ -70,7 +70,7 @@ def slow_bucket(gcs, far_bucket):
 
 
 SLOW = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4",
-        "--cache-images", "never", "--epochs", "2", "--steps-per-epoch", "16"]
+        "--cache-images", "never", "--epochs", "2", "--steps-per-epoch", "16", *FLOAT32]
 HEALTHY = RESNET50_TWO_WORKERS
 
 

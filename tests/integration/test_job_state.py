@@ -11,9 +11,9 @@ import signal
 import subprocess
 import sys
 
-from helpers import REPO, backups_reported, clean_env, launch_until, resumed_at
+from helpers import FLOAT32, REPO, backups_reported, clean_env, launch_until, resumed_at
 
-SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
+SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8", *FLOAT32]
 
 
 def trial_args(tmp_path, data_root) -> list[str]:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module,
+from helpers import (FLOAT32, REPO, backups_reported, clean_env, epochs_begun, launch_until, resumed_at, run_module,
                      saved_model_op_dtypes, served_predictions, train_graph_op_dtypes)
 from quiet_end import errors_after_training
 
-SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
+SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4", *FLOAT32]
 
 
 def launch(tmp_path, data_root, *task_args, workers=2, timeout=600):

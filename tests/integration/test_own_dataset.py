@@ -10,7 +10,7 @@ import numpy as np
 
 import tensorflow as tf
 
-from helpers import run_module
+from helpers import FLOAT32, run_module
 
 CLASSES = ["alder", "beech", "birch", "cedar", "elm", "maple", "oak"]
 COLOURS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40], [200, 40, 200], [40, 200, 200],
@@ -47,7 +47,7 @@ def test_seven_class_folders_train_on_two_workers_and_predict_with_their_names(t
         "trainer.launch", "--workers", "2", "--work-dir", str(tmp_path / "work"), "--timeout", "500", "--", "python", "-m", "cassava.task",
         "--dataset", f"tfrecord:{prepared}/train-*.tfrecord", "--eval-dataset", f"tfrecord:{prepared}/validation-*.tfrecord",
         "--epochs", "4", "--architecture", "small", "--weights", "none", "--image-size", "32",
-        "--per-replica-batch-size", "4", "--learning-rate", "0.003", "--model-dir", str(model_dir), timeout=560)
+        "--per-replica-batch-size", "4", "--learning-rate", "0.003", *FLOAT32, "--model-dir", str(model_dir), timeout=560)
     assert result.returncode == 0, result.stdout[-4000:]
     assert re.search(rf"^\[chief-0\] .* trainer: classes: 7 \({', '.join(CLASSES)}\)$", result.stdout, re.M)
 

@@ -12,10 +12,10 @@ import textwrap
 
 import pytest
 
-from helpers import REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions, trained_model_policies
+from helpers import FLOAT32, REPO, clean_env, launch_until, run_module, saved_model_op_dtypes, served_predictions, trained_model_policies
 from quiet_end import errors_after_training
 
-SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8"]
+SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "8", *FLOAT32]
 
 
 def launcher_args(tmp_path, data_root, *task_args, workers=2, ps=1, evaluator=False):

@@ -17,9 +17,9 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import FLOAT32, REPO, clean_env
 
-SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4"]
+SMALL_RUN = ["--architecture", "small", "--weights", "none", "--image-size", "32", "--per-replica-batch-size", "4", *FLOAT32]
 STEPS_PER_EPOCH = 6
 FIRST, LAST = 3, 5  # counted from 1, as the flag takes them
 
