@@ -38,6 +38,8 @@ STOP_WAIT_SECONDS = 180
 # A step that only waits to be stopped, and stops on SIGTERM. (A plain `sleep` as a container's first
 # process ignores SIGTERM, so each stop waited out the 10 s grace.)
 WAITS = "trap 'exit 143' TERM; sleep 600 & wait"
+# Where podman keeps its temporary files when TMPDIR is not set.
+ENGINE_TMPDIR = Path("/var/tmp")
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +131,7 @@ def test_the_readmes_submit_command_as_written_pushes_the_five_images_under_the_
     build-BUILD_ID and latest, each pushed digest with both its SBOMs."""
     gcloud, rehearsal = readme_cloud_build()
     assert shlex.split(rehearsal)[3:] == shlex.split(gcloud)[3:], (gcloud, rehearsal)
+    engine_files = set(ENGINE_TMPDIR.glob("digest.txt*"))
     result, seconds = submit(command=["bash", "-euo", "pipefail", "-c", f"{rehearsal} --keep {shlex.quote(str(kept))}"])
     BUDGETS.append(f"the README's Cloud Build, rehearsed on the fixtures' layers: {seconds:.0f}s")
     output = result.stdout
@@ -147,6 +150,7 @@ def test_the_readmes_submit_command_as_written_pushes_the_five_images_under_the_
     names = subprocess.run([tool, "images", "--format", "{{.Repository}}"], env=env, capture_output=True, text=True).stdout
     assert "docker.pkg.dev" not in names  # the build's own tags are gone with it
     assert leftovers(engine, cloud_build=True) == []
+    assert set(ENGINE_TMPDIR.glob("digest.txt*")) == engine_files  # nor a file of each push (EngineService)
 
 
 def test_a_fixable_high_in_one_image_fails_the_build_at_its_gate_and_nothing_is_pushed(built_images, kept, tmp_path,

@@ -172,7 +172,9 @@ class EngineService:
         conf.write_text(base.replace("[containers]\n", f'[containers]\nhttp_proxy = false\n'
                                      f'annotations = ["{MADE_BY_A_STEP}={build_id}"]\n', 1))
         self.log = directory / "engine-service.log"
-        env = {**os.environ, **settings.environ, "CONTAINERS_CONF": str(conf), **extra}
+        # TMPDIR: podman 4.3's push handler writes a `digest.txt*` file for every push into its
+        # TMPDIR (/var/tmp unless set) and never removes it; in the build's directory they go with it.
+        env = {**os.environ, **settings.environ, "CONTAINERS_CONF": str(conf), "TMPDIR": str(directory), **extra}
         self.process = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{self.socket}"],
                                         stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env=env, cwd="/")
         try:
