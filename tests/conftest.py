@@ -5,7 +5,7 @@ of the same name, so `pytest -m unit` runs only the fast ones. `--quick` runs wh
 runs before a commit: the unit tier and the integration tests recorded at 2.5 s or less
 (tests/timings.py), no container test.
 
-scripts/test.sh runs the tests on every core (pytest-xdist: `-n auto --dist loadscope`;
+scripts/test.sh runs the tests on every core (pytest-xdist, one worker more than the cores, `--dist loadscope`;
 tests/parallel.py says how). For a new test:
 - Nothing to do when it owns what it uses (its own tmp_path, ports from the kernel, its own
   processes). An integration test that reads a module-scoped fixture (a training run several tests

@@ -1,5 +1,5 @@
-"""How the tests share the cores: pytest-xdist's workers (scripts/test.sh runs `-n auto --dist
-loadscope`), what goes to one worker, in what order, and what is made once for the whole run.
+"""How the tests share the cores: pytest-xdist's workers (scripts/test.sh runs one more than the
+cores, `--dist loadscope`), what goes to one worker, in what order, and what is made once for the whole run.
 tests/conftest.py registers it; its docstring says how a test joins.
 
 Work units. UnitScheduling, xdist's loadscope scheduler with our units for scopes, sends each unit
