@@ -1,20 +1,24 @@
 """What one small training task costs a process, from its start to its exported model: the
-project's functions traced as written (`autograph=False`, the default: trainer.library.loop,
-cassava.signature, the runtime's votes) against converted by AutoGraph first (tf.function's
-default, the baseline), in one run.
+project as it is ("as written") against a baseline that undoes one of its start-up choices, in one
+run. `--baseline autograph` (the default): the project's functions converted by AutoGraph first
+(tf.function's default) where they are traced as written (`autograph=False`: trainer.library.loop,
+cassava.signature, the runtime's votes). `--baseline collector`: Python's garbage collector left as
+CPython sets it, running through TensorFlow's import and walking its objects ever after, where the
+runtime pauses it for the import and then freezes them (trainer.runtime.heap).
 
-    python benchmarks/task_startup.py [--rounds 5] [--steps 2] [--image-size 32] [--results-dir DIR]
+    python benchmarks/task_startup.py [--baseline autograph|collector] [--rounds 5] [--steps 2]
+                                      [--image-size 32] [--results-dir DIR]
 
 Each measurement is a fresh process that runs `python -m cassava.task` as the test tiers' jobs
 run it (the small model, one epoch of --steps steps, its validation and its export), and the
 figure is that process's CPU seconds, TensorFlow's import included: what every task of every job
-pays once, since AutoGraph's conversions are cached only within a process. In the baseline every
-`tf.function` the project's own modules create is made with `autograph=True`; TensorFlow's and
-Keras' own are left as they are in both. The two configurations alternate, each round starting
-with the other one, and each round records what other processes used meanwhile
+pays once, since AutoGraph's conversions are cached only within a process. In the autograph
+baseline every `tf.function` the project's own modules create is made with `autograph=True`;
+TensorFlow's and Keras' own are left as they are in both. The two configurations alternate, each
+round starting with the other one, and each round records what other processes used meanwhile
 (benchmarks/rounds.py). The summary gives each one's median and their ratio; the table goes to
-benchmarks/results/task_startup/KIND.md (benchmarks/machine.py), the raw figures to KIND.json
-beside it, unless --results-dir ''.
+benchmarks/results/task_startup/KIND.md (task_startup_collector/ for the collector baseline;
+benchmarks/machine.py), the raw figures to KIND.json beside it, unless --results-dir ''.
 """
 
 from __future__ import annotations
@@ -29,15 +33,23 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from machine import RESULTS_ROOT  # noqa: E402
-from pipeline_startup import alternate, children_cpu_seconds, finish, rounds_report  # noqa: E402
+from pipeline_startup import OURS, alternate, children_cpu_seconds, finish, rounds_report  # noqa: E402
 from trainer import cli  # noqa: E402
 import rounds  # noqa: E402
 
 OWN_MODULES = ("trainer", "cassava")
 
-# One measurement's process: argv is the configuration, then cassava.task's arguments.
+# The baseline configuration each --baseline names.
+BASELINES = {"autograph": "converted", "collector": "collected"}
+
+# One measurement's process: argv is the configuration, then cassava.task's arguments. TensorFlow
+# is imported first as trainer.runtime.entry imports it, so that tf.function can be replaced.
 _RUN_TASK = """
-import runpy, sys
+import importlib, runpy, sys
+from trainer.runtime import heap
+if sys.argv[1] == "collected":
+    heap.import_frozen = lambda *modules: [importlib.import_module(module) for module in modules]
+heap.import_frozen("tensorflow", "keras")
 import tensorflow as tf
 if sys.argv[1] == "converted":
     traced = tf.function
@@ -74,6 +86,8 @@ def measure(configuration: str, work: str, steps: int, image_size: int, index: i
 
 def main(argv=None) -> int:
     parser = cli.OneLineParser(prog="python benchmarks/task_startup.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", choices=sorted(BASELINES), default="autograph",
+                        help="the start-up choice the baseline undoes (default autograph)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds, each measuring both (default 5)")
     parser.add_argument("--steps", type=int, default=2, help="the task's train steps (default 2)")
     parser.add_argument("--image-size", type=int, default=32, help="the task's image size (default 32)")
@@ -84,9 +98,12 @@ def main(argv=None) -> int:
         parser.error("--rounds and --steps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="task-startup-") as work:
         # The data is generated once, by a first task that is not measured.
-        measure("as written", work, args.steps, args.image_size, -1)
-        results = alternate(lambda name, index: measure(name, work, args.steps, args.image_size, index), args.rounds)
-    finish("task_startup", argv, {"steps": args.steps, "image_size": args.image_size}, results, report, args.results_dir)
+        measure(OURS, work, args.steps, args.image_size, -1)
+        results = alternate(lambda name, index: measure(name, work, args.steps, args.image_size, index), args.rounds,
+                            BASELINES[args.baseline])
+    sizes = {"steps": args.steps, "image_size": args.image_size, "baseline": BASELINES[args.baseline]}
+    finish("task_startup", argv, sizes, results, report, args.results_dir,
+           "task_startup" if args.baseline == "autograph" else f"task_startup_{args.baseline}")
     return 0
 
 

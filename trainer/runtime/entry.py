@@ -34,7 +34,7 @@ from trainer import cluster as cluster_lib
 from trainer import exits
 from trainer.library import ending
 from trainer.runtime import config as config_lib
-from trainer.runtime import logs, storage
+from trainer.runtime import heap, logs, storage
 from trainer.runtime import strategy as strategy_lib
 from trainer.tasks import DataError, Task
 
@@ -116,6 +116,7 @@ def main(task: Task, argv: Sequence[str] | None = None, prog: str | None = None)
     prepare_environment(cluster, strategy_name, os.environ)
 
     # TensorFlow is imported from here on, once prepare_environment has set what it reads at start-up.
+    heap.import_frozen("tensorflow", "keras")
     from trainer.library.backup import BackupMismatch
     from trainer.runtime import ownership
 
