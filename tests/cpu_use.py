@@ -97,6 +97,8 @@ class Tally:
     def __init__(self, proc: Path = PROC):
         self.proc = proc
         self.ticks: dict[str, int] = {}
+        self.processes: dict[str, int] = {}  # kind -> how many of its processes used CPU while sampled
+        self.counted: set[tuple[int, int]] = set()  # (pid, start time) of each one counted
         self.known: dict[int, tuple[int, int, str]] = {}  # pid -> (start time, ticks, kind)
         self.baseline = True
 
@@ -111,6 +113,9 @@ class Tally:
                 kind, used = (kind_of(argv) if argv is not None else "unknown"), ticks
             if used > 0 and not self.baseline:
                 self.ticks[kind] = self.ticks.get(kind, 0) + used
+                if (pid, start) not in self.counted:
+                    self.counted.add((pid, start))
+                    self.processes[kind] = self.processes.get(kind, 0) + 1
             seen[pid] = (start, ticks, kind)
         self.known = seen
         self.baseline = False
@@ -145,17 +150,21 @@ class Sampler:
         self.busy_end = busy_ticks(self.proc)
 
     def lines(self) -> list[str]:
-        return summary(self.tally.ticks, self.hertz, self.busy_start, self.busy_end, self.cores)
+        return summary(self.tally.ticks, self.hertz, self.busy_start, self.busy_end, self.cores, self.tally.processes)
 
 
 def summary(ticks: dict[str, int], hertz: int, busy_start: tuple[int, int], busy_end: tuple[int, int],
-            cores: int) -> list[str]:
+            cores: int, processes: dict[str, int] | None = None) -> list[str]:
     """The kinds that used the most CPU, each in CPU minutes and as a share of what was sampled,
-    then the machine's busy time and how much of it the samples hold."""
+    with how many processes of it ran and what each used on average (`processes`: whether a kind
+    costs by its count or by each one), then the machine's busy time and how much of it the
+    samples hold."""
     sampled = sum(ticks.values())
     lines = []
     for kind, used in sorted(ticks.items(), key=lambda entry: -entry[1])[:SHOWN]:
-        lines.append(f"{used / hertz / 60:8.1f} CPU-min  {used / max(sampled, 1):4.0%}  {kind}")
+        count = (processes or {}).get(kind)
+        each = f"  ({count} processes, {used / hertz / count:.1f} CPU s each)" if count else ""
+        lines.append(f"{used / hertz / 60:8.1f} CPU-min  {used / max(sampled, 1):4.0%}  {kind}{each}")
     rest = sorted(ticks.values(), reverse=True)[SHOWN:]
     if rest:
         lines.append(f"{sum(rest) / hertz / 60:8.1f} CPU-min  {sum(rest) / max(sampled, 1):4.0%}  "

@@ -67,6 +67,8 @@ def test_each_kind_gets_the_cpu_its_processes_used_between_samples_and_nothing_f
     write_process(proc, 11, ["/usr/bin/buildah", "commit"], (7, 3), start=900)
     tally.add(cpu_use.read_snapshot(proc))
     assert tally.ticks == {"python -m cassava.task": 65, "buildah commit": 10}
+    # Processes by kind: the ones that used CPU while sampled (pid 11's push used none).
+    assert tally.processes == {"python -m cassava.task": 2, "buildah commit": 1}
 
 
 def test_a_process_that_ends_between_reading_the_list_and_its_files_is_left_out(tmp_path):
@@ -87,6 +89,9 @@ def test_the_summary_gives_each_kinds_minutes_and_share_then_what_the_samples_ho
     top = f"kind {cpu_use.SHOWN + 1}"
     assert lines[0] == f"{ticks[top] / 6000:8.1f} CPU-min  {ticks[top] / sampled:4.0%}  {top}"
     assert len(lines) == cpu_use.SHOWN + 2
+    counted = cpu_use.summary(ticks, 100, (1_000, 10_000), (201_000, 250_000), 2, processes={top: 4})
+    assert counted[0] == lines[0] + f"  (4 processes, {ticks[top] / 100 / 4:.1f} CPU s each)"
+    assert counted[1:] == lines[1:]  # a kind with no count says none
     assert lines[-2].endswith("  2 other kinds")  # kind 0 and kind 1, the two least
     assert lines[-1].startswith(f"sampled {sampled / 6000:.1f} CPU-min; the machine was busy 33.3 CPU-min of 40.0 "
                                 f"(83% of 2 cores), so the samples hold {sampled / 200_000:.0%} of it")
