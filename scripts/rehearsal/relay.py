@@ -25,10 +25,16 @@ def copy(source: socket.socket, target: socket.socket) -> None:
 
 
 def both_ways(client: socket.socket, backend: socket.socket) -> None:
-    """Relays until both directions have ended; the caller closes the sockets."""
+    """Relays until the backend has ended its side: what the client sends after that has nowhere
+    to go, so a client that keeps its socket open then (having read its answer) does not hold the
+    relay's thread. The caller closes the sockets."""
     client.settimeout(None)
     backend.settimeout(None)
-    back = threading.Thread(target=copy, args=(backend, client), daemon=True)
-    back.start()
-    copy(client, backend)
-    back.join()
+    forward = threading.Thread(target=copy, args=(client, backend), daemon=True)
+    forward.start()
+    copy(backend, client)
+    try:
+        client.shutdown(socket.SHUT_RD)  # ends the forward copy's wait for the client
+    except OSError:
+        pass
+    forward.join()

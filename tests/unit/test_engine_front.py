@@ -196,6 +196,34 @@ def test_connections_beyond_the_limit_are_closed_unread(tmp_path, monkeypatch):
     assert engine.heads and engine.heads[-1].startswith("GET /_ping")
 
 
+def test_a_client_that_keeps_its_socket_open_after_its_answer_gives_its_slot_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_front, "MAX_CONNECTIONS", 1)
+    engine = StandIn(str(tmp_path / "engine.sock"), lambda head: http("200 OK", b"{}"))
+    threading.Thread(target=engine.serve_forever, args=(0.05,), daemon=True).start()
+    served = engine_front.Front(str(tmp_path / "front.sock"), str(tmp_path / "engine.sock"))
+    threading.Thread(target=served.serve_forever, args=(0.05,), daemon=True).start()
+    lingering = socket.socket(socket.AF_UNIX)
+    try:
+        lingering.settimeout(10)
+        lingering.connect(str(tmp_path / "front.sock"))
+        lingering.sendall(b"GET /_ping HTTP/1.1\r\nHost: d\r\n\r\n")
+        answer = b""
+        while chunk := lingering.recv(65536):  # to the end the engine gave it; the socket stays open
+            answer += chunk
+        assert answer == http("200 OK", b"{}")
+        for _ in range(50):
+            if answered(str(tmp_path / "front.sock")):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the one slot stayed with a client that had its answer")
+    finally:
+        lingering.close()
+        served.close()
+        engine.shutdown()
+        engine.server_close()
+
+
 def test_the_socket_is_its_owners_alone_and_another_user_is_refused_unread(front):
     path, _ = front
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
