@@ -4,6 +4,7 @@ process); the container tier's test_engine_front_podman.py runs it in front of p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -51,17 +52,26 @@ def http(status: str, body: bytes, chunked: bool = False) -> bytes:
     return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
 
 
-@pytest.fixture
-def front(tmp_path):
-    """(front's socket path, the stand-in engine); the answer is set per test on the engine."""
-    engine = StandIn(str(tmp_path / "engine.sock"), lambda head: http("200 OK", b'{"ok": true}'))
+@contextlib.contextmanager
+def serving(tmp_path, body: bytes = b'{"ok": true}'):
+    """(front's socket path, the stand-in engine), both served until the block ends; the engine
+    answers 200 with `body` unless a test sets its answer."""
+    engine = StandIn(str(tmp_path / "engine.sock"), lambda head: http("200 OK", body))
     threading.Thread(target=engine.serve_forever, args=(0.05,), daemon=True).start()
     served = engine_front.Front(str(tmp_path / "front.sock"), str(tmp_path / "engine.sock"))
     threading.Thread(target=served.serve_forever, args=(0.05,), daemon=True).start()
-    yield str(tmp_path / "front.sock"), engine
-    served.close()
-    engine.shutdown()
-    engine.server_close()
+    try:
+        yield str(tmp_path / "front.sock"), engine
+    finally:
+        served.close()
+        engine.shutdown()
+        engine.server_close()
+
+
+@pytest.fixture
+def front(tmp_path):
+    with serving(tmp_path) as pair:
+        yield pair
 
 
 def exchange(path: str, request: bytes, timeout: float = 10) -> bytes:
@@ -166,62 +176,49 @@ def answered(path: str) -> bytes:
         return b""
 
 
+def slot_comes_back(path: str) -> bool:
+    """Whether a ping is answered within 5 s, as the front's slots come back."""
+    for _ in range(50):
+        if answered(path):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_connections_beyond_the_limit_are_closed_unread(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_front, "MAX_CONNECTIONS", 2)
-    engine = StandIn(str(tmp_path / "engine.sock"), lambda head: http("200 OK", b"{}"))
-    threading.Thread(target=engine.serve_forever, args=(0.05,), daemon=True).start()
-    served = engine_front.Front(str(tmp_path / "front.sock"), str(tmp_path / "engine.sock"))
-    threading.Thread(target=served.serve_forever, args=(0.05,), daemon=True).start()
     idle = [socket.socket(socket.AF_UNIX) for _ in range(2)]
-    try:
-        for connection in idle:
-            connection.connect(str(tmp_path / "front.sock"))
-        time.sleep(0.2)  # both taken by the front's threads
-        assert answered(str(tmp_path / "front.sock")) == b""
-        assert engine.heads == []
-        for connection in idle:
-            connection.close()
-        for _ in range(50):  # the slots come back as the idle ones close
-            if answered(str(tmp_path / "front.sock")):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("no slot came back")
-    finally:
-        for connection in idle:
-            connection.close()
-        served.close()
-        engine.shutdown()
-        engine.server_close()
+    with serving(tmp_path, b"{}") as (path, engine):
+        try:
+            for connection in idle:
+                connection.connect(path)
+            time.sleep(0.2)  # both taken by the front's threads
+            assert answered(path) == b""
+            assert engine.heads == []
+            for connection in idle:
+                connection.close()
+            assert slot_comes_back(path), "no slot came back"
+        finally:
+            for connection in idle:
+                connection.close()
     assert engine.heads and engine.heads[-1].startswith("GET /_ping")
 
 
 def test_a_client_that_keeps_its_socket_open_after_its_answer_gives_its_slot_back(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_front, "MAX_CONNECTIONS", 1)
-    engine = StandIn(str(tmp_path / "engine.sock"), lambda head: http("200 OK", b"{}"))
-    threading.Thread(target=engine.serve_forever, args=(0.05,), daemon=True).start()
-    served = engine_front.Front(str(tmp_path / "front.sock"), str(tmp_path / "engine.sock"))
-    threading.Thread(target=served.serve_forever, args=(0.05,), daemon=True).start()
     lingering = socket.socket(socket.AF_UNIX)
-    try:
-        lingering.settimeout(10)
-        lingering.connect(str(tmp_path / "front.sock"))
-        lingering.sendall(b"GET /_ping HTTP/1.1\r\nHost: d\r\n\r\n")
-        answer = b""
-        while chunk := lingering.recv(65536):  # to the end the engine gave it; the socket stays open
-            answer += chunk
-        assert answer == http("200 OK", b"{}")
-        for _ in range(50):
-            if answered(str(tmp_path / "front.sock")):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the one slot stayed with a client that had its answer")
-    finally:
-        lingering.close()
-        served.close()
-        engine.shutdown()
-        engine.server_close()
+    with serving(tmp_path, b"{}") as (path, _):
+        try:
+            lingering.settimeout(10)
+            lingering.connect(path)
+            lingering.sendall(b"GET /_ping HTTP/1.1\r\nHost: d\r\n\r\n")
+            answer = b""
+            while chunk := lingering.recv(65536):  # to the end the engine gave it; the socket stays open
+                answer += chunk
+            assert answer == http("200 OK", b"{}")
+            assert slot_comes_back(path), "the one slot stayed with a client that had its answer"
+        finally:
+            lingering.close()
 
 
 def test_the_socket_is_its_owners_alone_and_another_user_is_refused_unread(front):
