@@ -153,8 +153,9 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must define train_dataset(run, context)")
 
     def validation_dataset(self, run: Run, context: "tf.distribute.InputContext") -> "tf.data.Dataset | None":
-        """Validation batches (not repeated), or None for none. Called once in each process to see
-        whether there is any. The runtime repeats it and reads --validation-steps batches per
+        """Validation batches (not repeated), or None for none: the same answer for every input
+        pipeline. A worker builds it once per input pipeline, and learns from the first whether
+        there is any. The runtime repeats it and reads --validation-steps batches per
         evaluation, by default the validation examples `prepare` reported over the global batch."""
         return None
 
