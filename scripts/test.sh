@@ -20,6 +20,11 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/test-sh.XXXXXX")
 quick=false
 for argument in "$@"; do [ "$argument" = --quick ] && quick=true; done
 
+# One week of OS updates for the whole run: images.sh otherwise takes the ISO week at each build,
+# and a run that crossed Monday 00:00 UTC built its later images on the new week, from the OS
+# layer up, where a test expected the cache (a trainer-only rebuild's test failed so, issue 53).
+export OS_UPDATES=${OS_UPDATES:-$(date -u +%G-W%V)}
+
 # step NAME COMMAND...: runs COMMAND, its output kept in $logs/NAME.log; prints its time, and on
 # failure its last lines.
 step() {

@@ -24,7 +24,9 @@ tests/parallel.py says how). For a new test:
   test fails until every integration and container test has one.
 """
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # The ISO week images.sh builds with, fixed for the run before xdist starts its workers (which
+    # inherit it), as scripts/test.sh fixes it: a run past Monday 00:00 UTC builds on one week.
+    os.environ.setdefault("OS_UPDATES", time.strftime("%G-W%V", time.gmtime()))
     durations = timings.recorded()
     quick = (lambda nodeid: timings.in_quick(nodeid, durations)) if config.getoption("quick") else None
     config.pluginmanager.register(parallel.Scheduler(durations, quick), "suite-scheduler")
