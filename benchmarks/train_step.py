@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import sys
 import time
@@ -85,6 +86,14 @@ def matmul_peak(dtype: str, size: int = 4096, repeats: int = 5) -> float:
         product(*operands).numpy()
         best = min(best, time.perf_counter() - started)
     return 2.0 * size ** 3 / best
+
+
+def gflop_rate(flops_per_second: float) -> str:
+    """A FLOP/s figure in GFLOP/s to three significant figures, whole ones from 100 up: a smoke
+    run's small matmul on a loaded machine peaks below 1, which whole GFLOP/s printed as 0."""
+    value = flops_per_second / 1e9
+    decimals = 0 if value >= 100 or value <= 0 else 2 - math.floor(math.log10(value))
+    return f"{value:.{decimals}f}"
 
 
 FLOPS_SOURCE = ("counted by TensorFlow's profiler (tf.compat.v1.profiler, float_operation) on the graph of one "
@@ -323,7 +332,7 @@ def report(raw: dict) -> str:
     matmul = raw["matmul"]
     peak_line = (f"Peak: `tf.matmul` of two {matmul['size']}x{matmul['size']} operands on every core, best of "
                  f"{matmul['repeats']}, measured in this run: "
-                 + ", ".join(f"{peaks[dtype] / 1e9:.0f} GFLOP/s in {dtype}" for dtype in sorted(peaks))
+                 + ", ".join(f"{gflop_rate(peaks[dtype])} GFLOP/s in {dtype}" for dtype in sorted(peaks))
                  + f". A train step costs {flops / 1e9:.2f} GFLOP per image at {options['image_size']} px, "
                  f"{raw['flops_source']}. GFLOP/s: the wall rate times that; its share of the peak in the "
                  f"configuration's own precision.")
@@ -387,7 +396,7 @@ def main(argv=None) -> int:
     configs = configurations(default.policy, gpu, args.batch, args.image_size)
     dtypes = {config.name: POLICY_DTYPES[config.policy] for config in configs}
     peaks = {dtype: matmul_peak(dtype, args.matmul_size, args.matmul_repeats) for dtype in sorted(set(dtypes.values()))}
-    print("peak: " + ", ".join(f"{peak / 1e9:.0f} GFLOP/s in {dtype}" for dtype, peak in peaks.items()), flush=True)
+    print("peak: " + ", ".join(f"{gflop_rate(peak)} GFLOP/s in {dtype}" for dtype, peak in peaks.items()), flush=True)
     flops = train_flops_per_image(args.image_size)
     print(f"train step: {flops / 1e9:.2f} GFLOP per image at {args.image_size} px", flush=True)
     table = measure(configs, args.steps, args.rounds)
