@@ -33,9 +33,9 @@ def train(task: Task, config: TrainConfig, cluster: Cluster, strategy_name: str,
                                    agree=peers.mean_over_tasks(strategy) if cluster.is_distributed else None)
     # The validation data, built once for each of this worker's input pipelines, when the
     # strategy asks for it: a probe built beforehand, only to learn whether there is any, cost as
-    # much again (tracing the pipeline's maps: 0.25 to 0.34 CPU s of a small cassava worker on a
-    # 2-core Xeon). A task without validation data returns None; an empty stand-in takes its
-    # place, never iterated.
+    # much again (tracing the pipeline's maps: 0.25 to 0.34 CPU s of the small image example's
+    # worker on a 2-core Xeon). A task without validation data returns None; an empty stand-in
+    # takes its place, never iterated.
     returned: list = []
 
     def validation_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
