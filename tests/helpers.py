@@ -76,13 +76,15 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
                           capture_output=True, text=True, timeout=timeout)
 
 
-def launch_cassava(root: Path, *args: str, ps: int = 0, env: dict | None = None) -> subprocess.CompletedProcess:
+def launch_cassava(root: Path, *args: str, ps: int = 0, env: dict | None = None,
+                   timeout: int = 500) -> subprocess.CompletedProcess:
     """cassava.task with `args` as 2 workers (and `ps` parameter servers) through trainer.launch,
-    its work dir root/work and its model dir root/out/model."""
+    its work dir root/work and its model dir root/out/model; `timeout`: trainer.launch's, a guard
+    against a hung job (this process waits a minute more for the launcher's own report)."""
     roles = ["--workers", "2"] + (["--ps", str(ps)] if ps else [])
-    return run_module("trainer.launch", *roles, "--work-dir", str(root / "work"), "--timeout", "500", "--",
+    return run_module("trainer.launch", *roles, "--work-dir", str(root / "work"), "--timeout", str(timeout), "--",
                       "python", "-m", "cassava.task", *args, "--model-dir", str(root / "out" / "model"),
-                      env=env, timeout=560)
+                      env=env, timeout=timeout + 60)
 
 
 def run_main(main, *args: str) -> subprocess.CompletedProcess:

@@ -24,7 +24,9 @@ def resnet50_two_worker_job(once, request, data_root) -> dict:
 
     def make() -> dict:
         root = run_root(request.config) / "resnet50-two-workers"
-        result = launch_cassava(root, "--data-dir", str(data_root), *RESNET50_TWO_WORKERS)
+        # 4 CPU-min of two processes: at the load of a whole run on 2 cores (7 and more) that is
+        # 8 min of wall time and more, which launch_cassava's default guard left too little room.
+        result = launch_cassava(root, "--data-dir", str(data_root), *RESNET50_TWO_WORKERS, timeout=1200)
         return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
                 "work": str(root / "work"), "model_dir": str(root / "out" / "model")}
 

@@ -131,8 +131,9 @@ def test_train_step_benchmark_runs_the_lab_and_tf_keras_fit_against_the_trainer_
     argv = ["--steps", "1", "--batch", "2", "--image-size", "32", "--rounds", "3", "--matmul-size", "256",
             "--matmul-repeats", "2", "--results-dir", str(tmp_path)]
     days = {datetime.date.today().isoformat()}
+    # The guard against a hang has room for a whole run's load: it took up to 343 s in one.
     result = subprocess.run([sys.executable, "benchmarks/train_step.py", *argv],
-                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=600)
+                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=1200)
     days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:]
     policy = re.search(r"^device: .*; --mixed-precision auto picks (\S+) \((.*)\)$", result.stdout, re.M).group(1)
@@ -210,14 +211,17 @@ def test_time_to_accuracy_benchmark_prints_both_tables_and_the_fine_tune_ratio(t
     the machinery (weights pretrained here, the four fine-tuning recipes and both from scratch, the
     clocks, the CPU figures, the ratio against the fastest lab variant, the phases of one traced
     job and the results file), not the speed. The pretraining takes 4 images a step (--pretrain-batch;
-    it was 32, the default, eight times the work for the same check: issue 53)."""
+    it was 32, the default, eight times the work for the same check: issue 53). Its timeout is a guard
+    against a hang, not a speed check: its eight jobs and the pretraining take about 5.5 CPU-min, one
+    core at a time, and its wall time follows the machine's load (250 to 860 s in whole runs on 2 cores,
+    and CI's machine cut it at 1200 s in a run that kept both cores 99 % busy)."""
     argv = ["--workers", "1", "--images", "16", "--image-size", "32", "--batch", "4", "--target", "0",
             "--scratch-target", "0", "--rounds", "1", "--scratch-rounds", "1", "--max-epochs", "1", "--phase-epochs", "2",
             "--pretrain-steps", "6", "--pretrain-batch", "4", "--weights-cache", str(tmp_path / "weights"),
             "--data-dir", str(tmp_path / "data"), "--results-dir", str(tmp_path / "results")]
     days = {datetime.date.today().isoformat()}
     result = subprocess.run([sys.executable, "benchmarks/time_to_accuracy.py", *argv],
-                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=1200)
+                            capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=2100)
     days.add(datetime.date.today().isoformat())
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     # The weights both recipes fine-tune from were made here, and the report says what that cost.

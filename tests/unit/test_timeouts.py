@@ -29,7 +29,7 @@ TESTS = REPO / "tests"
 # Code a tier's tests call, besides their own folder (conftest.py is left out: fixtures run outside
 # the func_only timeout of the slower tiers).
 SHARED = {"unit": [], "integration": ["helpers.py"], "container": ["helpers.py", "containers.py"], "gpu": ["helpers.py"]}
-WAIT = re.compile(r"\btimeout(?:\s*:\s*float)?\s*=\s*(\d+)")
+WAIT = re.compile(r"\btimeout(?:\s*:\s*(?:float|int))?\s*=\s*(\d+)")
 
 
 # Unit tests that still start a process (the stand-in base's shell), named so the list stays true.
