@@ -57,10 +57,12 @@ def test_a_preempted_replica_of_the_script_under_trainer_run_restarts_the_job(en
     replica ends at the SIGKILL 30 s later; Vertex restarts the whole job on new machines,
     every replica starting the script again. The run is long (minutes), so that it cannot end
     within the grace on any machine, and the test stops the rehearsal (Ctrl-C) once the restarted
-    job trains."""
+    job trains. Each step is followed by a 0.02 s pause (the script's --step-pause), so that the two
+    replicas training on through the grace wait more than they compute (their hot loop cost the
+    suite about a CPU-min before, issue 53); an epoch still takes 6 s and more, within the 30 s."""
     job = handwritten_job(autopackaged_image, "own-spot", {
         "command": ["python", "-m", "trainer.run", "--"],
-        "args": ["python", "task.py", "--epochs", "100", "--steps-per-epoch", "300"]})
+        "args": ["python", "task.py", "--epochs", "100", "--steps-per-epoch", "300", "--step-pause", "0.02"]})
     (tmp_path / "job.json").write_text(json.dumps(job))
     runner = subprocess.Popen([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0], "--spec",
                                str(tmp_path / "job.json"), "--preempt", "workerpool1-0@/Epoch 2.100 /"],
@@ -128,14 +130,15 @@ def test_a_preempted_pod_of_the_script_in_the_jobset_restarts_the_jobset(engine,
     trains on until the SIGKILL, after the pods' terminationGracePeriodSeconds (3 s, as a user may
     set it; a pod that finished within its grace would have succeeded, and nothing would restart);
     JobSet restarts the whole JobSet, every pod starts again with the same TF_CONFIG, and the job
-    finishes."""
+    finishes. Its steps pause 0.02 s each (the script's --step-pause), so that its pods mostly wait, and
+    an epoch takes 100 steps where it took 300 without the pause, for about as long a run."""
     printed = subprocess.run([PYTHON, "-m", "scripts.submit_job", "jobset", "--name", "own-spot", "--image-uri",
                               autopackaged_image, "--workers", "1", "--base-output-dir", "/tmp/out"],
                              cwd=REPO, capture_output=True, text=True, check=True).stdout
     manifest = yaml.safe_load(printed)
     for rjob in manifest["spec"]["replicatedJobs"]:
         pod_spec = rjob["template"]["spec"]["template"]["spec"]
-        pod_spec["containers"][0]["args"] = ["--epochs", "10", "--steps-per-epoch", "300"]  # about 20 s here
+        pod_spec["containers"][0]["args"] = ["--epochs", "10", "--steps-per-epoch", "100", "--step-pause", "0.02"]
         pod_spec["terminationGracePeriodSeconds"] = 3
     (tmp_path / "jobset.yaml").write_text(yaml.safe_dump(manifest))
     result = subprocess.run([PYTHON, "-m", "scripts.submit_job", "local", "--engine", engine[0],
