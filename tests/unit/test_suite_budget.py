@@ -4,10 +4,10 @@ fails here when it lands, not on CI's clock a month later. Nothing here times an
 recorded figures, so it passes or fails the same on any machine, busy or not.
 
 The budgets are minutes of test time per tier (each test's setup, call and teardown, as a whole run
-records them on this machine kind, AMD EPYC family 25, 2 cores, its two workers side by side), a
-little above what tests/durations.json holds now: a test that adds minutes to its tier fails them.
-The run they add up to (the setup before the tests, then the tests' time spread over the two
-workers) must fit CI's 90-minute limit; issue 53 aims at 30 minutes from nothing, and
+of scripts/test.sh records them on 2 cores, its three workers side by side), a little above what
+tests/durations.json holds now: a test that adds minutes to its tier fails them. The run they add
+up to (the setup before the tests, then the tests' time spread over the workers) must fit CI's
+90-minute limit; issue 53 aims at 30 minutes from nothing, and
 WHOLE_RUN_AIM_MINUTES is where that stands by these figures (the test prints it). `--quick` must fit
 5 minutes.
 
@@ -33,21 +33,19 @@ from helpers import REPO
 CI_LIMIT_MINUTES = 90  # CI stops a run at 90 minutes
 WHOLE_RUN_AIM_MINUTES = 30  # issue 53
 QUICK_MINUTES = 5
-WORKERS = 2
-# From nothing on this machine kind: the venvs (about 2.5 minutes, side by side with the container
-# tools' install) and pytest's workers collecting the tests (about half a minute).
-SETUP_MINUTES = 3.5
+# scripts/test.sh's pytest-xdist workers on 2 cores: one more than the cores.
+WORKERS = 3
+# From nothing on 2 cores: the venvs side by side with the container tools' install (CI's took
+# 85 s), and pytest's workers collecting the tests (about half a minute).
+SETUP_MINUTES = 2.5
 # A --quick run's own start: its workers' collection.
 QUICK_START_MINUTES = 0.5
 # Minutes of test time per tier.
-# From tests/durations.json as it stands (2026-11-27, AMD EPYC family 25 model 1, 2 cores): the
-# figures of a whole run of main from nothing (its two workers side by side, 1-minute load 3-6),
-# and, for the 157 tests that run never reached (they held a placeholder of 2.8 s), this machine's
-# runs of the two slow tiers at once (four workers, load 3-21), divided by the median ratio of the
-# two runs' figures over the tests both measured (integration 1.79, container 1.02): integration
-# 86.5, container 81.0, unit 1.3 minutes. Their sum, spread over the two workers, is CI's limit:
-# a test that costs minutes fails here until the suite gets faster (issue 53).
-BUDGET_MINUTES = {"unit": 3, "integration": 88, "container": 82}
+# From tests/durations.json as it stands (2026-11-30): a whole run of main (6dc6f68, its images
+# cached) on an Intel Xeon of family 6, model 167, 2 cores, three workers, 1-minute load 6.0 on
+# average: integration 45.7, container 41.6, unit 0.7 minutes, 29.8 minutes from start to end.
+# A test that costs minutes fails here until the suite gets faster (issue 53).
+BUDGET_MINUTES = {"unit": 1.5, "integration": 50, "container": 46}
 
 
 @functools.lru_cache(maxsize=1)
