@@ -1,7 +1,8 @@
 """The one container runner of the rehearsal: every Vertex replica and every JobSet pod runs here.
 
 A `Run` is the containers of one job on a private network of the engine's: it creates and starts
-them, relays every line they print with its source and severity, sends them signals, stops them
+them, relays every line they print with its source and severity (on Kubernetes, a line holding one
+JSON object as GKE's logging agent records it: `structured_entry`), sends them signals, stops them
 (SIGTERM, SIGKILL after each one's own grace) and removes them with their network and volumes.
 `drive` is the loop over a run: it starts the platform's containers, delivers the faults a user
 asked for (`--preempt`, `--maintenance`), and asks the platform's `Rules` what each exit means and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -142,6 +144,28 @@ class Output:
         self.line("local-run", severity, text)
 
 
+# Cloud Logging's severities (LogSeverity), which a structured entry's `severity` may name.
+LOG_SEVERITIES = ("DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY")
+
+
+def structured_entry(stream_severity: str, line: str) -> tuple[str, list[str]]:
+    """A line as GKE's logging agent records it (cloud.google.com/logging/docs/structured-logging):
+    a line holding one JSON object is a structured entry, whose `severity` field, when it names a
+    LogSeverity (in any case), is the entry's, and whose `message` is its text; any other line,
+    or a field of another kind, keeps the stream's severity and its text. Returns the severity and
+    the text's lines (a traceback's entry holds several)."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict):
+        return stream_severity, [line]
+    named = entry.get("severity")
+    severity = named.upper() if isinstance(named, str) and named.upper() in LOG_SEVERITIES else stream_severity
+    message = entry.get("message")
+    return severity, (message.splitlines() or [""]) if isinstance(message, str) else [line.rstrip("\n")]
+
+
 class Session:
     """What every run of one rehearsal shares: the engine, the output, the storage's variables and
     volumes for each network, and the cancellation that stops them all."""
@@ -173,10 +197,13 @@ class Session:
 class Run:
     """The containers of one job (or one tuning trial) on a network of their own."""
 
-    def __init__(self, session: Session, network: str, hosts: tuple[str, ...] = ()):
+    def __init__(self, session: Session, network: str, hosts: tuple[str, ...] = (), structured_logs: bool = False):
         self.session, self.engine, self.output = session, session.engine, session.output
         self.network = network
         self.hosts = hosts  # every name the job's containers reach each other by: never through the proxy
+        # Whether the platform's logging agent reads a line of one JSON object as a structured
+        # entry (GKE's does; Vertex AI's keeps it as text: trainer/process/severity.py).
+        self.structured_logs = structured_logs
         self.env: dict[str, str] = {}
         self.volumes: list[str] = []
         self.processes: dict[str, tuple[Container, subprocess.Popen]] = {}
@@ -283,11 +310,13 @@ class Run:
                 self.engine_errors[container.key] = [line.strip() for line in held if line.strip()]
 
     def _line(self, container: Container, severity: str, line: str) -> None:
-        self.output.line(container.shown_as, severity, line)
-        if any(pattern.search(line) for pattern in self.patterns.get(container.key, ())):
-            self.matched.add(container.key)
-        if severity == "ERROR" and line.strip():
-            self.last_errors[container.key].append(line.strip())
+        severity, texts = structured_entry(severity, line) if self.structured_logs else (severity, [line])
+        for text in texts:
+            self.output.line(container.shown_as, severity, text)
+            if any(pattern.search(text) for pattern in self.patterns.get(container.key, ())):
+                self.matched.add(container.key)
+            if severity == "ERROR" and text.strip():
+                self.last_errors[container.key].append(text.strip())
 
     def running(self) -> list[Container]:
         return [container for container, _ in self.processes.values()]

@@ -107,6 +107,33 @@ def test_a_pss_jobset_with_its_evaluator_trains_and_evaluates(engine, cpu_image,
     assert leftovers(engine) == []
 
 
+def test_the_runtime_in_a_pod_writes_json_entries_the_log_shows_at_their_own_severity(engine, runtime_cpu_image, tmp_path):
+    """Every pod has the kubelet's KUBERNETES_SERVICE_HOST, so the image's entry point, trainer.run,
+    writes each line as one JSON entry, as on GKE; the rehearsal shows each as GKE's logging agent
+    records it. A warning reads as WARNING there, where Vertex AI shows any stderr line as ERROR,
+    and a traceback is one entry."""
+    script = ("import logging, os, traceback\n"
+              "logging.basicConfig()\n"
+              "print('in a pod:', os.environ.get('KUBERNETES_SERVICE_HOST', 'no'))\n"
+              "logging.warning('the learning rate is high')\n"
+              "try:\n    {}['missing']\nexcept KeyError:\n    traceback.print_exc()\n")
+    manifest = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "logs"},
+                "spec": {"replicatedJobs": [{"name": "main", "template": {"spec": {"template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "trainer", "image": runtime_cpu_image, "args": ["python", "-c", script]}]}}}}}]}}
+    result = run_jobset(manifest, tmp_path, engine=engine)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    shown = [line.split(None, 2)[1:] for line in result.stdout.splitlines() if line.startswith("logs-main-0-0 ")]
+    host = next(text for severity, text in shown if text.startswith("in a pod: ")).removeprefix("in a pod: ")
+    assert host != "no" and ["INFO", f"in a pod: {host}"] in shown, shown
+    assert ["WARNING", "WARNING:root:the learning rate is high"] in shown, shown
+    traceback = shown.index(["ERROR", "Traceback (most recent call last):"])
+    assert shown[traceback + 1][0] == "ERROR" and shown[traceback + 1][1].startswith("File "), shown
+    assert ["ERROR", "KeyError: 'missing'"] in shown[traceback:], shown
+    assert not [text for _, text in shown if '"severity"' in text], shown  # no entry shown as raw JSON
+    assert leftovers(engine) == []
+
+
 def test_a_permanent_exit_fails_the_jobset_at_once(engine, base_image, tmp_path):
     """Exit 2 (bad input) matches the FailJob rule: no restart, the pod's code. (Which rule wins
     when Jobs fail together: tests/unit/test_rehearsal_jobset.py.)"""

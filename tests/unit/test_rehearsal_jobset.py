@@ -588,6 +588,62 @@ def test_the_completion_index_annotation_and_jobset_labels_reach_env_and_args_th
     assert second.args == ["--task=main-1 costs $5", "--index=1"]
 
 
+def test_every_container_gets_the_api_servers_service_links_and_its_own_entries_win():
+    """The kubelet gives every container the `kubernetes` Service's variables, whatever
+    enableServiceLinks says: trainer.run reads KUBERNETES_SERVICE_HOST to log for GKE (JSON)."""
+    manifest = one_job()
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": "API", "value": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]
+    container["args"] = ["--api=$(KUBERNETES_PORT_443_TCP_ADDR)", "--port=$(KUBERNETES_SERVICE_PORT)", "--host=$(HOSTNAME)"]
+    pod = jobset_pods.pods_of(manifest)[0]
+    host = pod.env["KUBERNETES_SERVICE_HOST"]
+    assert host and pod.env["KUBERNETES_PORT"] == pod.env["KUBERNETES_PORT_443_TCP"] == f"tcp://{host}:443"
+    assert (pod.env["KUBERNETES_SERVICE_PORT_HTTPS"], pod.env["KUBERNETES_PORT_443_TCP_PROTO"],
+            pod.env["KUBERNETES_PORT_443_TCP_PORT"], pod.env["KUBERNETES_PORT_443_TCP_ADDR"]) == ("443", "tcp", "443", host)
+    # The entry before KUBERNETES_SERVICE_PORT's own read the link; the args read the container's own.
+    assert pod.env["API"] == f"https://{host}:443" and pod.env["KUBERNETES_SERVICE_PORT"] == "6443"
+    # HOSTNAME is the runtime's, set after the kubelet expanded the args.
+    assert pod.args == [f"--api={host}", "--port=6443", "--host=$(HOSTNAME)"]
+
+
+@pytest.mark.parametrize("stream, line, severity, texts", [
+    ("ERROR", '{"severity": "INFO", "message": "Epoch 1/2"}', "INFO", ["Epoch 1/2"]),
+    ("INFO", '{"severity": "warning", "message": "slow"}', "WARNING", ["slow"]),  # any case
+    ("ERROR", '{"severity": "loud", "message": "x"}', "ERROR", ["x"]),  # no LogSeverity: the stream's
+    ("INFO", '{"severity": 500, "message": "x"}', "INFO", ["x"]),
+    ("ERROR", '{"message": "Traceback (most recent call last):\\n  File \\"a.py\\"\\nValueError: bad"}', "ERROR",
+     ["Traceback (most recent call last):", '  File "a.py"', "ValueError: bad"]),
+    ("INFO", '{"severity": "INFO", "count": 3}', "INFO", ['{"severity": "INFO", "count": 3}']),  # no message: the line
+    ("ERROR", "W1125 12:00:00.123456 1 file.cc:1] plain", "ERROR", ["W1125 12:00:00.123456 1 file.cc:1] plain"]),
+    ("INFO", '["INFO", "a list"]', "INFO", ['["INFO", "a list"]']),
+    ("ERROR", '{"severity": "INFO", "message": "cut', "ERROR", ['{"severity": "INFO", "message": "cut']),
+])
+def test_a_line_holding_one_json_object_is_read_as_gkes_agent_reads_it(stream, line, severity, texts):
+    assert runner.structured_entry(stream, line) == (severity, texts)
+
+
+def test_the_runtimes_json_entries_reach_a_jobsets_output_at_their_own_severity_and_vertexs_as_written():
+    """trainer.run writes JSON in a pod (severity.entry); the JobSet rehearsal shows each entry as
+    GKE's agent records it, the Vertex rehearsal as Vertex AI does: the line, at its stream's."""
+    import io
+    import types
+
+    from trainer.process import severity
+
+    line = severity.entry(severity.WARNING, "Traceback (most recent call last):\nKeyError: 'x'") + "\n"
+    pod = types.SimpleNamespace(shown_as="demo-main-0-0", key="demo-main-0-0")
+    shown = {}
+    for structured in (True, False):
+        stream = io.StringIO()
+        job = runner.Run(runner.Session(None, runner.Output(stream)), "rehearsal-test", structured_logs=structured)
+        job._line(pod, "ERROR", line)
+        shown[structured] = [text.split(None, 2) for text in stream.getvalue().splitlines()]
+    assert shown[True] == [["demo-main-0-0", "WARNING", "Traceback (most recent call last):"],
+                           ["demo-main-0-0", "WARNING", "KeyError: 'x'"]]
+    assert shown[False] == [["demo-main-0-0", "ERROR", line.strip()]]
+
+
 # --- Readiness and startup probes, as the kubelet runs them ------------------------------------------
 
 def probe_of(kind="readinessProbe", **spec):

@@ -11,8 +11,9 @@ validation refuse, refused here with one line.
 Each pod (`jobset_pods`) gets what the cluster gives it: the hostname `{job}-{index}` of its
 Indexed Job `{jobset}-{replicatedJob}-{jobIndex}`, a name with 5 random characters after it, the
 JobSet's labels and annotations (restart-attempt is the JobSet's restart count, so a new attempt's
-pods read the new value), and each container's environment with the downward API resolved and
-JOB_COMPLETION_INDEX set. Other pods reach it only as `{hostname}.{subdomain}` (and its
+pods read the new value), and each container's environment with the downward API resolved,
+JOB_COMPLETION_INDEX set and the API server's service links (KUBERNETES_SERVICE_HOST and the rest)
+added, as in every Kubernetes pod. Other pods reach it only as `{hostname}.{subdomain}` (and its
 `.{namespace}.svc[.cluster.local]` forms): JobSet's headless Service gives no bare name.
 
 The rules over the pods' exits:
@@ -46,7 +47,7 @@ Stopping a pod is SIGTERM, then SIGKILL after its terminationGracePeriodSeconds 
 | manifest.py       | reading a manifest; the fields not emulated                                  |
 | admission.py      | the webhook's and Kubernetes' defaults, and what they refuse                  |
 | identity.py       | each pod's Job, hostname, name, labels, annotations and DNS names             |
-| environment.py    | each container's environment, downward API and `$(VAR)` expansion            |
+| environment.py    | each container's environment: downward API, service links, `$(VAR)` expansion |
 | pods.py           | each pod ready to run: identity, container, volumes, GPUs, grace              |
 | failure_policy.py | podFailurePolicy, backoffLimit, the crash-loop back-off, the failurePolicy    |
 | success_policy.py | the successPolicy                                                            |

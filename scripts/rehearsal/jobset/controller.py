@@ -428,7 +428,7 @@ def run(session: Session, manifest: dict, run_id: str, faults=(), bucket_directo
                         owner_deadline=owner_deadline)
     session.output.note(f"JobSet {rules.name}: {len(rules.pods)} pods on this machine")
     session.output.note(not_emulated(manifest))
-    job = Run(session, network, hosts=rules.hosts())
+    job = Run(session, network, hosts=rules.hosts(), structured_logs=True)  # GKE's logging agent
     outcome = drive(job, rules, faults)
     for line in job.summary(rules.hostnames):
         session.output.note(line)

@@ -1,6 +1,7 @@
 """Each container of a pod as the kubelet starts it: its environment with the downward API
-resolved and `$(VAR)` expanded, JOB_COMPLETION_INDEX as the Job controller adds it, HOSTNAME as
-the runtime sets it, and its command and args expanded."""
+resolved and `$(VAR)` expanded, JOB_COMPLETION_INDEX as the Job controller adds it, the API
+server's service links as the kubelet adds them, HOSTNAME as the runtime sets it, and its command
+and args expanded."""
 
 from __future__ import annotations
 
@@ -22,6 +23,24 @@ def resolve_pod(identity: dict, manifest: dict, name: str) -> dict:
 def pod_spec_of(manifest: dict, replicated_job: str) -> dict:
     rjob = next(r for r in manifest["spec"]["replicatedJobs"] if r["name"] == replicated_job)
     return rjob["template"]["spec"]["template"]["spec"]
+
+
+# The API server's Service (`kubernetes` in `default`: one port, named https, 443/TCP) at the first
+# address of the cluster's service range; GKE picks its own range, this is kubeadm's. Nothing a pod
+# of ours runs dials it, but trainer.run reads KUBERNETES_SERVICE_HOST to know it runs in a pod.
+API_SERVER_ADDRESS, API_SERVER_PORT = "10.96.0.1", 443
+
+
+def service_links() -> dict[str, str]:
+    """The variables the kubelet gives every container for the API server's Service, whatever the
+    pod's enableServiceLinks says (pkg/kubelet/envvars FromServices: the service's host and
+    ports, then Docker's link variables)."""
+    address = f"tcp://{API_SERVER_ADDRESS}:{API_SERVER_PORT}"
+    prefix = f"KUBERNETES_PORT_{API_SERVER_PORT}_TCP"
+    return {"KUBERNETES_SERVICE_HOST": API_SERVER_ADDRESS, "KUBERNETES_SERVICE_PORT": str(API_SERVER_PORT),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(API_SERVER_PORT), "KUBERNETES_PORT": address,
+            prefix: address, f"{prefix}_PROTO": "tcp", f"{prefix}_PORT": str(API_SERVER_PORT),
+            f"{prefix}_ADDR": API_SERVER_ADDRESS}
 
 
 _FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']*)'\]")
@@ -61,19 +80,25 @@ def _pod_container(container: dict, pod: dict, pod_spec: dict) -> dict:
     where = f"{pod['hostname']} container {container['name']}"
     if container.get("envFrom"):
         raise RehearsalError(f"{where}: envFrom reads ConfigMaps or Secrets, which exist only in a cluster")
-    defined: dict[str, str] = {}  # what $(VAR) may refer to: the entries before it
+    links = service_links()
+    defined: dict[str, str] = {}  # the container's own entries, in order
     for entry in container.get("env", []):
         if "valueFrom" in entry:
             defined[entry["name"]] = _field_value(entry["valueFrom"], pod, pod_spec, f"{where} env {entry['name']}")
         else:
-            defined[entry["name"]] = expand(entry.get("value", ""), defined)
+            # $(VAR) reads the entries before it, then the service links (kubelet_pods.go's
+            # MappingFuncFor(tmpEnv, serviceEnv)).
+            defined[entry["name"]] = expand(entry.get("value", ""), {**links, **defined})
     # The Job controller adds JOB_COMPLETION_INDEX to every container that does not define it.
     defined.setdefault(trainer_cluster.JOB_COMPLETION_INDEX, str(pod["completion_index"]))
+    # An entry of the container's own wins over a service link of its name. The command and args
+    # expand against these; HOSTNAME is the runtime's, after the kubelet has expanded them.
+    kubelet_env = {**defined, **{name: value for name, value in links.items() if name not in defined}}
     command, args = container.get("command"), container.get("args")
     return {"name": container["name"], "image": container.get("image"),
-            "command": None if command is None else [expand(part, defined) for part in command],
-            "args": None if args is None else [expand(part, defined) for part in args],
-            "ports": container.get("ports", []), "env": {"HOSTNAME": pod["hostname"], **defined}}
+            "command": None if command is None else [expand(part, kubelet_env) for part in command],
+            "args": None if args is None else [expand(part, kubelet_env) for part in args],
+            "ports": container.get("ports", []), "env": {"HOSTNAME": pod["hostname"], **kubelet_env}}
 
 
 def _field_value(source: dict, pod: dict, pod_spec: dict, where: str) -> str:
